@@ -1,0 +1,7 @@
+"""fairseq-sparse: sparse attention for fairseq NMT (``--user-dir fairseq_sparse``)."""
+
+from . import checkpoint_loading  # noqa: F401  (first: makes fairseq checkpoints loadable on torch >= 2.6)
+from . import attention  # noqa: F401
+from .models import sparse_transformer  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,9 @@
+from . import functions  # noqa: F401  (registers the functions)
+from .registry import (  # noqa: F401
+    AttentionContext,
+    AttentionSpec,
+    attention_names,
+    check_k,
+    get_attention,
+    register_attention,
+)

@@ -1,0 +1,38 @@
+"""Normalisation of the concatenated head outputs (ReLA)."""
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich, 2019), optionally gated as in ReLA-g.
+
+    y = g * x / sqrt(mean(x^2) + eps), times sigmoid(w * x) when gated.
+    A zero vector (null attention) stays exactly zero.
+
+    gain_init_bound: None initialises the gain g to ones; a bound b draws it from
+        U(-b, b) (ReLA-i uses b = sqrt(3 / d_h)).
+    gated: adds the per-dimension gate w of ReLA-g, drawn from U(+-sqrt(3 / dim)),
+        the default (Glorot) initialiser of the official ReLA code's 1-d gate.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-8, gated: bool = False, gain_init_bound: Optional[float] = None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        if gain_init_bound is not None:
+            nn.init.uniform_(self.weight, -gain_init_bound, gain_init_bound)
+        self.gate = None
+        if gated:
+            bound = math.sqrt(3.0 / dim)
+            self.gate = nn.Parameter(torch.empty(dim).uniform_(-bound, bound))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight.float()
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate.float() * xf)
+        return y.type_as(x)

@@ -1,0 +1,101 @@
+"""A registry of plain attention functions.
+
+An attention function maps masked attention scores and values to an output and
+(optionally) the attention weights::
+
+    fn(scores, values, mask, ctx) -> (output, weights)
+
+    scores:  (*, H, T, S)  scaled dot products q.k / sqrt(d_h), float32
+    values:  (*, H, S, D)  broadcastable against the leading dims of ``scores``
+    mask:    bool, broadcastable to ``scores``; True marks a key the query must
+             not see (causal future, padding). ``None`` means nothing is masked.
+    ctx:     :class:`AttentionContext`
+    output:  (*, H, T, D)
+    weights: (*, H, T, S) or None (None only when ``ctx.need_weights`` is False)
+
+A function never returns NaN for a query whose keys are all masked: its output row
+is zero. Functions that need parameters of their own (a learned alpha, a
+normalisation of the head outputs) declare builders in the register call; the
+attention module owns the resulting modules and hands them over in ``ctx``.
+
+Adding a method costs one function and one ``@register_attention`` line.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+AttentionOutput = Tuple[Tensor, Optional[Tensor]]
+
+
+@dataclass
+class AttentionContext:
+    """Everything an attention function may need besides scores, values and mask."""
+
+    k: int = 8
+    training: bool = False
+    need_weights: bool = True
+    dropout: Callable[[Tensor], Tensor] = lambda x: x
+    hard_train: str = "sample"  # how `hard` picks its key in training: sample | argmax
+    head_params: Optional[nn.Module] = None
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    name: str
+    fn: Callable[[Tensor, Tensor, Optional[Tensor], AttentionContext], AttentionOutput]
+    uses_k: bool = False
+    # Builds a module applied to the concatenated head outputs, (T, B, embed_dim),
+    # before the output projection (ReLA's normalisation). Called as (embed_dim, head_dim).
+    build_output_norm: Optional[Callable[[int, int], nn.Module]] = None
+    # Builds per-head parameters handed to `fn` as ctx.head_params. Called as (num_heads,).
+    build_head_params: Optional[Callable[[int], nn.Module]] = None
+    description: str = ""
+
+
+_REGISTRY: Dict[str, AttentionSpec] = {}
+
+
+def register_attention(
+    name: str,
+    uses_k: bool = False,
+    build_output_norm: Optional[Callable[[int, int], nn.Module]] = None,
+    build_head_params: Optional[Callable[[int], nn.Module]] = None,
+):
+    """Decorator adding an attention function to the registry under ``name``."""
+
+    def wrap(fn):
+        if name in _REGISTRY:
+            raise ValueError(f"attention function {name!r} is registered twice")
+        _REGISTRY[name] = AttentionSpec(
+            name=name,
+            fn=fn,
+            uses_k=uses_k,
+            build_output_norm=build_output_norm,
+            build_head_params=build_head_params,
+            description=(fn.__doc__ or "").strip().split("\n")[0],
+        )
+        return fn
+
+    return wrap
+
+
+def attention_names() -> List[str]:
+    return sorted(_REGISTRY)
+
+
+def get_attention(name: str) -> AttentionSpec:
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"unknown attention function {name!r}; valid choices: {', '.join(attention_names())}"
+        )
+    return _REGISTRY[name]
+
+
+def check_k(k, option: str = "--attn-k") -> int:
+    """Validate a number of attended keys given on the command line."""
+    if k is None or int(k) != k or int(k) <= 0:
+        raise ValueError(f"{option} must be a positive integer, got {k!r}")
+    return int(k)

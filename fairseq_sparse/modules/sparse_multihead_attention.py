@@ -1,0 +1,184 @@
+"""Multi-head attention that hands score -> output to a registered attention function.
+
+It keeps fairseq's parameters (q/k/v/out projections), incremental-state layout
+(``prev_key``/``prev_value`` as (B, H, S, d_h), ``prev_key_padding_mask``) and
+``reorder_incremental_state``, so checkpoints and beam search behave as with the
+stock module. Unlike the stock module it never takes the fused dense path: the
+chosen function runs in training, in the encoder and in incremental decoding.
+"""
+
+from typing import Dict, Optional, Tuple
+
+import torch
+from fairseq.modules.multihead_attention import MultiheadAttention
+from torch import Tensor
+
+from ..attention import AttentionContext, check_k, get_attention
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+class SparseMultiheadAttention(MultiheadAttention):
+    """fairseq-compatible multi-head attention running ``attn_fn`` from the registry.
+
+    Cross-attention keys/values are projected once per sentence (first decoding
+    step) and read from the incremental state afterwards.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        attn_fn: str = "softmax",
+        attn_k: int = 8,
+        hard_train: str = "sample",
+        **kwargs,
+    ):
+        if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
+            raise ValueError("SparseMultiheadAttention does not support add_bias_kv / add_zero_attn")
+        if kwargs.get("xformers_att_config"):
+            raise ValueError("SparseMultiheadAttention does not run through xformers")
+        kwargs.pop("xformers_att_config", None)
+        super().__init__(embed_dim, num_heads, **kwargs)
+        self.spec = get_attention(attn_fn)
+        self.attn_fn = attn_fn
+        self.attn_k = check_k(attn_k)
+        if hard_train not in ("sample", "argmax"):
+            raise ValueError(f"hard_train must be 'sample' or 'argmax', got {hard_train!r}")
+        self.hard_train = hard_train
+        self.output_norm = (
+            self.spec.build_output_norm(embed_dim, self.head_dim) if self.spec.build_output_norm else None
+        )
+        self.head_params = self.spec.build_head_params(num_heads) if self.spec.build_head_params else None
+
+    def extra_repr(self) -> str:
+        k = f", k={self.attn_k}" if self.spec.uses_k else ""
+        return f"attn_fn={self.attn_fn}{k}, heads={self.num_heads}"
+
+    def set_beam_size(self, beam_size: int) -> None:
+        # Cached cross-attention K/V keep one row per hypothesis and are reordered
+        # like the self-attention cache; the stock beam-folding trick is not used.
+        pass
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """(L, B, E) -> (B, H, L, d_h)"""
+        length, bsz, _ = x.shape
+        return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def _keys_and_values(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        incremental_state: Optional[IncrementalState],
+        static_kv: bool,
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """Project (or read from the cache) keys and values: each (B, H, S, d_h)."""
+        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        if saved is not None and static_kv and "prev_key" in saved:
+            return saved["prev_key"], saved["prev_value"], _as_bool(saved.get("prev_key_padding_mask"))
+
+        source = query if self.self_attention else key
+        k = self._split_heads(self.k_proj(source))
+        v = self._split_heads(self.v_proj(source))
+        if incremental_state is None:
+            return k, v, _as_bool(key_padding_mask)
+
+        if saved is not None and "prev_key" in saved and not static_kv:
+            k = torch.cat([saved["prev_key"], k], dim=2)
+            v = torch.cat([saved["prev_value"], v], dim=2)
+        key_padding_mask = self._append_prev_key_padding_mask(
+            key_padding_mask=key_padding_mask,
+            prev_key_padding_mask=saved.get("prev_key_padding_mask") if saved else None,
+            batch_size=k.size(0),
+            src_len=k.size(2),
+            static_kv=static_kv,
+        )
+        saved = saved if saved is not None else {}
+        saved["prev_key"], saved["prev_value"] = k, v
+        saved["prev_key_padding_mask"] = key_padding_mask
+        self._set_input_buffer(incremental_state, saved)
+        return k, v, _as_bool(key_padding_mask)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """query: (T, B, E); key/value: (S, B, E_kv). Returns (T, B, E) and weights.
+
+        Weights are (B, T, S) averaged over heads, or (H, B, T, S) with
+        ``need_head_weights``, as in fairseq.
+        """
+        if before_softmax:
+            raise NotImplementedError("before_softmax is not defined for sparse attention functions")
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, embed_dim = query.shape
+
+        q = self._split_heads(self.q_proj(query) * self.scaling)
+        k, v, key_padding_mask = self._keys_and_values(query, key, key_padding_mask, incremental_state, static_kv)
+        scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B, H, T, S)
+        mask, bias = _combine_masks(attn_mask, key_padding_mask)
+        if bias is not None:
+            scores = scores + bias
+
+        ctx = AttentionContext(
+            k=self.attn_k,
+            training=self.training,
+            need_weights=need_weights,
+            dropout=self.dropout_module,
+            hard_train=self.hard_train,
+            head_params=self.head_params,
+        )
+        out, weights = self.spec.fn(scores, v, mask, ctx)
+
+        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+        if self.output_norm is not None:
+            out = self.output_norm(out)
+        out = self.out_proj(out)
+
+        if not need_weights or weights is None:
+            return out, None
+        weights = weights.transpose(0, 1)  # (H, B, T, S)
+        return out, (weights if need_head_weights else weights.mean(dim=0))
+
+
+def _as_bool(mask: Optional[Tensor]) -> Optional[Tensor]:
+    if mask is None or mask.dim() == 0:
+        return None
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _combine_masks(
+    attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor]
+) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """Turn fairseq's masks into one boolean mask (True = hidden) and an optional score bias.
+
+    attn_mask: (T, S), bool or additive float (fairseq's causal mask is -inf above
+        the diagonal; the encoder layer uses -1e8). Entries <= -1e4 hide the key;
+        any other non-zero float entries are kept as an additive bias.
+    key_padding_mask: (B, S) bool, True at padding.
+    Returns a mask broadcastable to (B, H, T, S) and a bias of shape (1, 1, T, S) or None.
+    """
+    mask, bias = None, None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            mask = attn_mask
+        else:
+            mask = attn_mask <= -1e4
+            finite = attn_mask.float().masked_fill(mask, 0.0)
+            if finite.any():
+                bias = finite[None, None]
+        mask = mask[None, None]
+    if key_padding_mask is not None:
+        padding = key_padding_mask[:, None, None, :]
+        mask = padding if mask is None else mask | padding
+    return mask, bias

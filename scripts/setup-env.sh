@@ -18,7 +18,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 echo "setup-env: installing pinned dependencies into $VENV (a few minutes on a fresh machine)"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet -r requirements.txt 2>&1 | grep -v "is ignored: it is neither" || true
+"$VENV/bin/python" -m pip install --quiet -r requirements.txt
 # The fork's metadata requires torchaudio, whose releases all pin another torch: install it
 # without dependencies; requirements.txt lists what it really needs.
 "$VENV/bin/python" -m pip install --quiet --no-deps ve-fairseq==0.12.3

@@ -12,6 +12,7 @@ import argparse
 import collections
 import logging
 import pickle
+import re
 import typing
 from typing import List
 
@@ -22,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 def fairseq_checkpoint_types() -> List[type]:
     """The non-tensor types fairseq writes into checkpoints."""
-    types: List = [argparse.Namespace, collections.OrderedDict, collections.defaultdict, typing.Any]
+    types: List = [argparse.Namespace, collections.OrderedDict, collections.defaultdict, typing.Any, dict, list]
     try:
         import omegaconf
         from omegaconf import nodes
@@ -63,9 +64,11 @@ def _explain_load_errors() -> None:
         try:
             return original(path, arg_overrides, load_on_all_ranks)
         except pickle.UnpicklingError as err:
+            found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+            culprit = found.group(1) if found else str(err).splitlines()[0]
             raise CheckpointLoadError(
-                f"cannot load checkpoint {path} with torch's safe (weights-only) loader: it holds a type "
-                f"fairseq-sparse does not allow-list. Details: {str(err).splitlines()[0]}. If you trust the "
+                f"cannot load checkpoint {path} with torch's safe (weights-only) loader: it holds {culprit}, "
+                "a type fairseq checkpoints do not normally hold and fairseq-sparse does not allow-list. If you trust the "
                 "file, add the type with torch.serialization.add_safe_globals([...]) or load it once with "
                 "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 and re-save it."
             ) from err

@@ -17,7 +17,6 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
 echo "setup-env: installing pinned dependencies into $VENV (a few minutes on a fresh machine)"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet -r requirements.txt
 # The fork's metadata requires torchaudio, whose releases all pin another torch: install it
 # without dependencies; requirements.txt lists what it really needs.

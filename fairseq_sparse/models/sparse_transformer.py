@@ -48,12 +48,18 @@ def add_sparse_attention_args(parser) -> None:
                              "(the paper) or take its argmax (default: sample)")
 
 
+def _set_default(args, name: str, value) -> None:
+    """Set ``args.name`` unless the user gave it (0 and '' count as given, to be rejected later)."""
+    if getattr(args, name, None) is None:
+        setattr(args, name, value)
+
+
 def sparse_attention_defaults(args) -> None:
-    args.attn_k = getattr(args, "attn_k", None) or DEFAULT_ATTN_K
+    _set_default(args, "attn_k", DEFAULT_ATTN_K)
     for sublayer in SUBLAYERS:
-        setattr(args, f"{sublayer}_attn_fn", getattr(args, f"{sublayer}_attn_fn", None) or DEFAULT_ATTN_FN)
-        setattr(args, f"{sublayer}_attn_k", getattr(args, f"{sublayer}_attn_k", None))
-    args.hard_train = getattr(args, "hard_train", None) or "sample"
+        _set_default(args, f"{sublayer}_attn_fn", DEFAULT_ATTN_FN)
+        _set_default(args, f"{sublayer}_attn_k", None)
+    _set_default(args, "hard_train", "sample")
 
 
 def validate_sparse_attention_args(args) -> None:
@@ -74,11 +80,12 @@ def validate_sparse_attention_args(args) -> None:
 
 def build_sparse_attention(cfg, sublayer: str, embed_dim: int, num_heads: int, **kwargs) -> SparseMultiheadAttention:
     """The attention module of ``sublayer`` (encoder | decoder | cross) as configured in ``cfg``."""
+    sublayer_k = getattr(cfg, f"{sublayer}_attn_k", None)
     return SparseMultiheadAttention(
         embed_dim,
         num_heads,
         attn_fn=getattr(cfg, f"{sublayer}_attn_fn", DEFAULT_ATTN_FN),
-        attn_k=getattr(cfg, f"{sublayer}_attn_k", None) or getattr(cfg, "attn_k", DEFAULT_ATTN_K),
+        attn_k=sublayer_k if sublayer_k is not None else getattr(cfg, "attn_k", DEFAULT_ATTN_K),
         hard_train=getattr(cfg, "hard_train", "sample"),
         dropout=cfg.attention_dropout,
         **kwargs,
@@ -147,6 +154,24 @@ class SparseTransformerModel(TransformerModel):
         validate_sparse_attention_args(args)
         return super().build_model(args, task)
 
+    def attention_summary(self) -> str:
+        cfg = self.cfg
+        return ", ".join(f"{s}={getattr(cfg, f'{s}_attn_fn', DEFAULT_ATTN_FN)}" for s in SUBLAYERS)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        try:
+            return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+        except RuntimeError as err:
+            missing = [k for k in self.state_dict() if k not in state_dict]
+            unexpected = [k for k in state_dict if k not in self.state_dict()]
+            raise RuntimeError(
+                f"checkpoint parameters do not fit this transformer_sparse model ({self.attention_summary()}): "
+                f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
+                "Was it trained with another --arch, other sizes, or attention functions that own parameters "
+                "(rela_*, relu_rmsnorm, entmax_alpha)? Such functions cannot be swapped in or out with "
+                "--model-overrides; functions without parameters (softmax, topk, hard, sparsemax, entmax15, relu) can."
+            ) from err
+
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         return SparseTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
@@ -194,7 +219,7 @@ def _preset(name, base, doc, **attention):
 
     def architecture(args):
         for key, value in attention.items():
-            setattr(args, key, getattr(args, key, None) or value)
+            _set_default(args, key, value)
         base(args)
 
     architecture.__doc__ = doc

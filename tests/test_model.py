@@ -1,0 +1,122 @@
+"""transformer_sparse options, architectures, start-up errors and checkpoint loading."""
+
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from fairseq import checkpoint_utils
+from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+from omegaconf import OmegaConf
+
+from fairseq_sparse.checkpoint_loading import CheckpointLoadError
+from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
+from helpers import build_model, model_args
+
+ARCHS = {
+    # arch: (encoder layers, embed dim, heads, {sublayer: fn})
+    "transformer_sparse": (6, 512, 8, {}),
+    "transformer_sparse_wmt_en_de_big": (6, 1024, 16, {}),
+    "transformer_sparse_iwslt_de_en": (6, 512, 4, {}),
+    "transformer_sparse_mini": (2, 512, 4, {}),
+    "transformer_topk_iwslt_de_en": (6, 512, 4, {"encoder": "topk", "decoder": "topk", "cross": "topk"}),
+    "transformer_hard_wmt_en_de": (6, 512, 8, {"encoder": "softmax", "decoder": "hard", "cross": "hard"}),
+    "transformer_rela_wmt_en_de": (6, 512, 8, {"encoder": "rela_g", "decoder": "rela_g", "cross": "rela_g"}),
+    "transformer_sparsemax_iwslt_de_en": (6, 512, 4, {"encoder": "sparsemax", "decoder": "sparsemax", "cross": "sparsemax"}),
+    "transformer_entmax15_iwslt_de_en": (6, 512, 4, {"encoder": "entmax15", "decoder": "entmax15", "cross": "entmax15"}),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_architecture_presets(arch):
+    layers, dim, heads, fns = ARCHS[arch]
+    assert ARCH_MODEL_NAME_REGISTRY[arch] == "transformer_sparse"
+    args = argparse.Namespace()
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    ARCH_CONFIG_REGISTRY[arch](args)
+    assert (args.encoder_layers, args.encoder_embed_dim, args.encoder_attention_heads) == (layers, dim, heads)
+    for sublayer, fn in fns.items():
+        assert getattr(args, f"{sublayer}_attn_fn") == fn
+    assert args.attn_k == 8
+
+
+def test_preset_keeps_options_given_on_the_command_line():
+    args = model_args("transformer_topk_iwslt_de_en", attn_k=4, cross_attn_fn="softmax")
+    assert (args.attn_k, args.cross_attn_fn, args.encoder_attn_fn) == (4, "softmax", "topk")
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"cross_attn_fn": "top-k"}, "--cross-attn-fn: unknown attention function 'top-k'; valid choices: .*softmax"),
+        ({"attn_k": 0}, "--attn-k must be a positive integer"),
+        ({"decoder_attn_k": -2}, "--decoder-attn-k must be a positive integer"),
+        ({"hard_train": "gumbel"}, "--hard-train must be one of sample, argmax"),
+    ],
+)
+def test_bad_options_are_rejected_when_the_model_is_built(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        build_model(**overrides)
+
+
+def test_bad_options_stop_fairseq_train_at_start_up(tmp_path):
+    """An unknown name fails in argument parsing, before any data is read, naming the choices."""
+    cmd = [os.path.join(os.path.dirname(sys.executable), "fairseq-train"), str(tmp_path / "no-data"),
+           "--user-dir", os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/fairseq_sparse",
+           "--arch", "transformer_sparse_mini", "--encoder-attn-fn", "sparse-softmax"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "invalid choice: 'sparse-softmax'" in result.stderr and "topk" in result.stderr
+
+
+def test_softmax_checkpoint_decodes_with_parameter_free_functions():
+    """--model-overrides may swap softmax for topk/hard (no parameters) but not for ReLA."""
+    trained = build_model()
+    state = trained.state_dict()
+    hard = build_model(decoder_attn_fn="hard", cross_attn_fn="hard", encoder_attn_fn="topk")
+    hard.load_state_dict(state)
+    assert torch.equal(hard.encoder.layers[0].self_attn.q_proj.weight, trained.encoder.layers[0].self_attn.q_proj.weight)
+    rela = build_model(cross_attn_fn="rela_g")
+    with pytest.raises(RuntimeError, match=r"do not fit this transformer_sparse model \(encoder=softmax, decoder=softmax, cross=rela_g\).*missing"):
+        rela.load_state_dict(state)
+
+
+def test_module_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="valid choices"):
+        SparseMultiheadAttention(16, 4, attn_fn="nope")
+    with pytest.raises(ValueError, match="positive integer"):
+        SparseMultiheadAttention(16, 4, attn_fn="topk", attn_k=0)
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        SparseMultiheadAttention(16, 4, add_bias_kv=True)
+
+
+def test_fairseq_checkpoint_types_load_with_the_weights_only_loader(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    state = {
+        "args": argparse.Namespace(arch="transformer_sparse_mini", lr=[0.001]),
+        "cfg": OmegaConf.create({"model": {"arch": "transformer_sparse_mini", "dropout": 0.1}, "task": None}),
+        "model": build_model().state_dict(),
+        "extra_state": {"val_loss": np.float64(3.5), "best": np.array([1.0, 2.0])},
+    }
+    torch.save(state, path)
+    loaded = torch.load(path, map_location="cpu")  # torch's default: weights_only=True
+    assert loaded["args"].arch == "transformer_sparse_mini"
+    assert loaded["cfg"].model.dropout == 0.1
+    assert loaded["extra_state"]["val_loss"] == 3.5
+
+
+class NotAllowed:
+    pass
+
+
+def test_unloadable_checkpoint_gives_one_clear_error(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model": {}, "something": NotAllowed()}, path)
+    with pytest.raises(CheckpointLoadError, match="safe \\(weights-only\\) loader.*NotAllowed.*add_safe_globals") as info:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert isinstance(info.value.__cause__, pickle.UnpicklingError)

@@ -222,3 +222,16 @@ def test_all_negative_scores_give_null_attention(name):
     scores = -scores.abs() - 0.1
     out, weights = get_attention(name).fn(scores, values, None, context(name))
     assert (weights == 0).all() and (out == 0).all()
+
+
+@pytest.mark.parametrize("hard_train", ["sample", "argmax"])
+def test_hard_training_reads_nothing_when_dropout_removes_every_key(hard_train):
+    scores, values = make_inputs(requires_grad=True)
+    drop_query_1 = torch.ones(B, H, T, S)
+    drop_query_1[:, :, 1] = 0.0
+
+    ctx = AttentionContext(training=True, hard_train=hard_train, dropout=lambda p: p * drop_query_1)
+    out, _ = get_attention("hard").fn(scores, values, None, ctx)
+    assert (out[:, :, 1] == 0).all() and (out[:, :, 0] != 0).any()
+    out.sum().backward()
+    assert torch.isfinite(scores.grad).all() and torch.isfinite(values.grad).all()

@@ -168,19 +168,21 @@ def hard_retrieval_attention(scores, values, mask, ctx) -> AttentionOutput:
     the argmax of the raw masked scores and gathers: no softmax, no product with V.
     A query with no unmasked key reads a zero row.
     """
-    empty_rows = None if mask is None else mask.all(dim=-1)
     if ctx.training:
         probs = masked_softmax(scores, mask)
         dropped = ctx.dropout(probs)
+        # A row with nothing left to pick (all keys masked, or all dropped out) reads a
+        # zero row, as soft attention would; multinomial needs some mass, so give it one.
+        empty_rows = dropped.sum(dim=-1) == 0
         if ctx.hard_train == "argmax":
             indices = dropped.argmax(dim=-1)
         else:
-            # An empty row has no distribution to sample from: give it a uniform one.
-            sample_from = dropped if empty_rows is None else dropped.masked_fill(empty_rows.unsqueeze(-1), 1.0)
+            sample_from = dropped.masked_fill(empty_rows.unsqueeze(-1), 1.0)
             indices = torch.multinomial(sample_from.reshape(-1, scores.size(-1)), 1).view(sample_from.shape[:-1])
         output = _RetrieveRows.apply(dropped, values, indices)
         weights = probs
     else:
+        empty_rows = None if mask is None else mask.all(dim=-1)
         indices = _fill_masked(scores, mask, float("-inf")).argmax(dim=-1)
         output = retrieve_rows(values, indices)
         weights = _one_hot_weights(indices, scores.size(-1)) if ctx.need_weights else None

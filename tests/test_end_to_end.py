@@ -1,0 +1,140 @@
+"""fairseq-preprocess -> fairseq-train -> checkpoint -> fairseq-generate -> sacreBLEU, on real bitext.
+
+A few hundred German-English verse pairs from the offline Bible corpus
+(data-prep/bible.py), a tiny transformer_sparse_mini, a few updates per function.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attention_cases import NAMES
+from fairseq_sparse.evaluate import corpus_bleu, read_hypotheses
+
+ROOT = Path(__file__).resolve().parents[1]
+USER_DIR = str(ROOT / "fairseq_sparse")
+BIN = Path(sys.executable).parent
+EVAL_PAIRS = 40
+TINY_MODEL = [
+    "--arch", "transformer_sparse_mini", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--share-all-embeddings",
+]
+
+
+def run(tool, *args, stdin=None):
+    result = subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True, input=stdin, timeout=600)
+    if result.returncode != 0:
+        raise AssertionError(f"{tool} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stdout + result.stderr
+
+
+@pytest.fixture(scope="session")
+def bible(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bible-de-en")
+    subprocess.run(
+        [sys.executable, str(ROOT / "data-prep" / "bible.py"), "--pair", "de-en", "--out", str(out),
+         "--max-train-pairs", "400", "--max-eval-pairs", str(EVAL_PAIRS), "--bpe-merges", "1000", "--binarize"],
+        check=True, capture_output=True, timeout=900,
+    )
+    return out
+
+
+def train(bible, save_dir, *extra, updates=5):
+    return run(
+        "fairseq-train", bible / "bin", "--user-dir", USER_DIR, *TINY_MODEL, "--optimizer", "adam", "--lr", "0.002",
+        "--max-tokens", "2000", "--max-update", updates, "--save-dir", save_dir, "--no-epoch-checkpoints",
+        "--cpu", "--log-format", "simple", "--log-interval", "1", "--seed", "1", "--dropout", "0.1", *extra,
+    )
+
+
+def generate(bible, checkpoint, *extra):
+    return run(
+        "fairseq-generate", bible / "bin", "--user-dir", USER_DIR, "--path", checkpoint, "--beam", "4",
+        "--batch-size", "16", "--max-len-a", "1.2", "--max-len-b", "5", "--cpu", "--scoring", "sacrebleu",
+        "--post-process", "subword_nmt", *extra,
+    )
+
+
+def check_generation(output: str, bible: Path, tmp_path: Path):
+    assert re.search(r"Generate test with beam=4: BLEU = \d+\.\d+", output), output[-2000:]
+    log = tmp_path / "generate.log"
+    log.write_text(output)
+    hyps = read_hypotheses(str(log), "en")
+    refs = (bible / "test.raw.en").read_text().splitlines()
+    assert len(hyps) == len(refs) == EVAL_PAIRS
+    score, signature = corpus_bleu(hyps, refs)
+    assert 0.0 <= score.score <= 100.0
+    assert "tok:13a" in str(signature) and "version:2.6.0" in str(signature)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_train_and_generate_with_the_function_in_every_sublayer(name, bible, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    log = train(bible, save_dir, "--encoder-attn-fn", name, "--decoder-attn-fn", name, "--cross-attn-fn", name, "--attn-k", "4")
+    assert "num_updates 5" in log and "nan" not in re.findall(r"loss[= ](\S+)", log)
+    check_generation(generate(bible, save_dir / "checkpoint_last.pt"), bible, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def softmax_checkpoint(bible, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("softmax")
+    train(bible, save_dir)
+    return save_dir
+
+
+def test_restore_file_continues_training(bible, softmax_checkpoint):
+    log = train(bible, softmax_checkpoint, "--restore-file", softmax_checkpoint / "checkpoint_last.pt", updates=7)
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 5 updates\)", log), log[-3000:]
+    assert "num_updates 7" in log
+
+
+def test_soft_trained_model_decodes_hard_via_model_overrides(bible, softmax_checkpoint, tmp_path):
+    overrides = "{'decoder_attn_fn': 'hard', 'cross_attn_fn': 'hard', 'encoder_attn_fn': 'topk', 'attn_k': 3}"
+    output = generate(bible, softmax_checkpoint / "checkpoint_last.pt", "--model-overrides", overrides)
+    check_generation(output, bible, tmp_path)
+
+
+def test_model_overrides_to_a_function_with_parameters_fails_clearly(bible, softmax_checkpoint):
+    result = subprocess.run(
+        [str(BIN / "fairseq-generate"), str(bible / "bin"), "--user-dir", USER_DIR, "--path",
+         str(softmax_checkpoint / "checkpoint_last.pt"), "--cpu", "--model-overrides", "{'cross_attn_fn': 'rela_g'}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0
+    assert "do not fit this transformer_sparse model" in result.stderr
+
+
+def test_fairseq_interactive(bible, softmax_checkpoint):
+    sources = "\n".join((bible / "test.de").read_text().splitlines()[:3]) + "\n"
+    output = run(
+        "fairseq-interactive", bible / "bin", "--user-dir", USER_DIR, "--path", softmax_checkpoint / "checkpoint_last.pt",
+        "--source-lang", "de", "--target-lang", "en", "--beam", "2", "--cpu", stdin=sources,
+    )
+    assert len(re.findall(r"^H-\d+\t", output, flags=re.M)) == 3
+
+
+def test_hub_interface_with_overrides(bible, softmax_checkpoint):
+    from fairseq_sparse.models.sparse_transformer import SparseTransformerModel
+
+    hub = SparseTransformerModel.from_pretrained(
+        str(softmax_checkpoint), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(bible / "bin"),
+        decoder_attn_fn="hard",
+    )
+    assert hub.models[0].decoder.layers[0].self_attn.attn_fn == "hard"
+    source = (bible / "test.de").read_text().splitlines()[0]
+    translation = hub.translate(source, beam=2)
+    assert isinstance(translation, str) and translation.strip()
+
+
+def test_missing_data_directory_is_a_clear_error(tmp_path):
+    result = subprocess.run(
+        [str(BIN / "fairseq-train"), str(tmp_path / "missing"), "--user-dir", USER_DIR, *TINY_MODEL, "--cpu", "--max-update", "1", "--max-tokens", "100"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0
+    assert "missing" in result.stderr and ("No such file" in result.stderr or "not found" in result.stderr.lower())

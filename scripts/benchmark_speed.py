@@ -125,6 +125,10 @@ def main(argv=None) -> Dict[str, Dict[str, float]]:
                 f"torch threads {torch.get_num_threads()}")
 
     models = {fn: build_model(args, fn, dictionary) for fn in args.functions}
+    for model in models.values():
+        for layer in model.decoder.layers:
+            # as fairseq-generate's make_generation_fast_: weights only for the alignment layer
+            layer.need_attn = False
     optimizers = {fn: torch.optim.Adam(m.parameters(), lr=1e-4) for fn, m in models.items()}
 
     def train_step(fn):

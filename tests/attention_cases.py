@@ -18,6 +18,8 @@ class Case:
     output_norm: bool = False
     # Forward pass is deterministic in training mode (hard samples).
     deterministic_training: bool = True
+    # Defined for self-attention only (structured patterns): not placed in cross-attention.
+    self_only: bool = False
 
 
 CASES = {

@@ -5,6 +5,7 @@ training runs the sparse function (not a fused dense path), half precision is fi
 """
 
 import dataclasses
+import unittest.mock
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAtt
 from helpers import build_model, random_batch
 
 SUBLAYERS = ("encoder", "decoder", "cross")
-GRID = [(name, sublayer) for name in NAMES for sublayer in SUBLAYERS]
+GRID = [(name, sublayer) for name in NAMES for sublayer in SUBLAYERS if not (sublayer == "cross" and CASES[name].self_only)]
 
 
 def model_with(name, sublayer, **kwargs):
@@ -115,7 +116,8 @@ def test_training_runs_the_chosen_function_with_gradients(name, sublayer):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_bfloat16_forward_is_finite_in_every_sublayer(name):
-    model = build_model(encoder_attn_fn=name, decoder_attn_fn=name, cross_attn_fn=name, attn_k=CASES[name].k)
+    cross = "softmax" if CASES[name].self_only else name
+    model = build_model(encoder_attn_fn=name, decoder_attn_fn=name, cross_attn_fn=cross, attn_k=CASES[name].k)
     model = model.eval().to(torch.bfloat16)
     batch = random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 3, 6])
     with torch.no_grad():
@@ -150,3 +152,44 @@ def test_sparse_attention_is_used_in_every_sublayer():
     assert fns["decoder.layers.1.self_attn"] == ("hard", 2)
     assert fns["decoder.layers.1.encoder_attn"] == ("rela_g", 5)
     assert not any(type(m).__name__ == "MultiheadAttention" for m in model.modules())
+
+
+def test_positions_count_real_tokens_in_full_and_incremental_passes():
+    """Functions registered with uses_positions see the same positions for a sentence
+    whether it is left-padded, alone, or decoded step by step."""
+    model = build_model()
+    seen = {}
+    for name, module in model.named_modules():
+        if isinstance(module, SparseMultiheadAttention):
+            def record(scores, values, mask, ctx, _name=name, _fn=module.spec.fn):
+                seen.setdefault(_name, []).append((ctx.query_positions.clone(), ctx.key_positions.clone()))
+                return _fn(scores, values, mask, ctx)
+
+            module.spec = dataclasses.replace(module.spec, uses_positions=True, fn=record)
+    batch = random_batch(lengths=[3, 5], tgt_lengths=[4, 4])
+    with torch.no_grad():
+        model.eval()(**batch)
+        full = {k: v[0] for k, v in seen.items()}
+        seen.clear()
+        incremental_forward(model, batch)
+    enc_q, enc_k = full["encoder.layers.0.self_attn"]
+    assert enc_k.tolist() == [[[-1, -1, 0, 1, 2]], [[0, 1, 2, 3, 4]]]
+    assert torch.equal(enc_q, enc_k)
+    dec_q, dec_k = full["decoder.layers.0.self_attn"]
+    assert dec_q.tolist() == [[[0, 1, 2, 3]]] and dec_k.tolist() == [[[0, 1, 2, 3]]]
+    cross_q, cross_k = full["decoder.layers.1.encoder_attn"]
+    assert cross_q.tolist() == [[[0, 1, 2, 3]]] and torch.equal(cross_k, enc_k)
+    for name in ("decoder.layers.0.self_attn", "decoder.layers.1.encoder_attn"):
+        steps = seen[name]
+        assert [q.expand(2, 1, 1).flatten().tolist() for q, _ in steps] == [[t, t] for t in range(4)]
+        assert [k.size(-1) for _, k in steps] == ([1, 2, 3, 4] if "self" in name else [5] * 4)
+
+
+def test_self_attention_only_functions_are_rejected_in_cross_attention():
+    from fairseq_sparse.attention import get_attention
+
+    spec = dataclasses.replace(get_attention("softmax"), self_attention_only=True)
+    with unittest.mock.patch("fairseq_sparse.modules.sparse_multihead_attention.get_attention", return_value=spec):
+        SparseMultiheadAttention(16, 4, attn_fn="softmax", self_attention=True)
+        with pytest.raises(ValueError, match="self-attention only"):
+            SparseMultiheadAttention(16, 4, attn_fn="softmax", encoder_decoder_attention=True)

@@ -9,7 +9,7 @@ An attention function maps masked attention scores and values to an output and
     values:  (*, H, S, D)  broadcastable against the leading dims of ``scores``
     mask:    bool, broadcastable to ``scores``; True marks a key the query must
              not see (causal future, padding). ``None`` means nothing is masked.
-    ctx:     :class:`AttentionContext`
+    ctx:     :class:`AttentionContext` (positions, k, training mode, dropout, ...)
     output:  (*, H, T, D)
     weights: (*, H, T, S) or None (None only when ``ctx.need_weights`` is False)
 
@@ -40,6 +40,13 @@ class AttentionContext:
     dropout: Callable[[Tensor], Tensor] = lambda x: x
     hard_train: str = "sample"  # how `hard` picks its key in training: sample | argmax
     head_params: Optional[nn.Module] = None
+    self_attention: bool = True
+    # Only for functions registered with uses_positions=True. Positions count real
+    # tokens (padding excluded), so left-padded sources and incremental decoding see
+    # the same numbers as a lone, unpadded sentence in a full forward pass.
+    query_positions: Optional[Tensor] = None  # (B or 1, 1, T) long
+    key_positions: Optional[Tensor] = None  # (B or 1, 1, S) long; -1 at left padding
+    seed: int = 0  # for functions with random patterns
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,10 @@ class AttentionSpec:
     build_output_norm: Optional[Callable[[int, int], nn.Module]] = None
     # Builds per-head parameters handed to `fn` as ctx.head_params. Called as (num_heads,).
     build_head_params: Optional[Callable[[int], nn.Module]] = None
+    # ctx.query_positions / ctx.key_positions are filled in (a little work per call).
+    uses_positions: bool = False
+    # Defined only for self-attention: using it in encoder-decoder attention is an error.
+    self_attention_only: bool = False
     description: str = ""
 
 
@@ -63,6 +74,8 @@ def register_attention(
     uses_k: bool = False,
     build_output_norm: Optional[Callable[[int, int], nn.Module]] = None,
     build_head_params: Optional[Callable[[int], nn.Module]] = None,
+    uses_positions: bool = False,
+    self_attention_only: bool = False,
 ):
     """Decorator adding an attention function to the registry under ``name``."""
 
@@ -75,6 +88,8 @@ def register_attention(
             uses_k=uses_k,
             build_output_norm=build_output_norm,
             build_head_params=build_head_params,
+            uses_positions=uses_positions,
+            self_attention_only=self_attention_only,
             description=(fn.__doc__ or "").strip().split("\n")[0],
         )
         return fn

@@ -32,6 +32,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         attn_fn: str = "softmax",
         attn_k: int = 8,
         hard_train: str = "sample",
+        pattern_seed: int = 0,
         **kwargs,
     ):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
@@ -42,6 +43,9 @@ class SparseMultiheadAttention(MultiheadAttention):
         super().__init__(embed_dim, num_heads, **kwargs)
         self.spec = get_attention(attn_fn)
         self.attn_fn = attn_fn
+        if self.spec.self_attention_only and not self.self_attention:
+            raise ValueError(f"attention function {attn_fn!r} is defined for self-attention only, not encoder-decoder attention")
+        self.pattern_seed = pattern_seed
         self.attn_k = check_k(attn_k)
         if hard_train not in ("sample", "argmax"):
             raise ValueError(f"hard_train must be 'sample' or 'argmax', got {hard_train!r}")
@@ -76,7 +80,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         """Project (or read from the cache) keys and values: each (B, H, S, d_h)."""
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         if saved is not None and static_kv and "prev_key" in saved:
-            return saved["prev_key"], saved["prev_value"], _as_bool(saved.get("prev_key_padding_mask"))
+            return saved["prev_key"], saved["prev_value"], saved.get("prev_key_padding_mask")
 
         source = query if self.self_attention else key
         k = self._split_heads(self.k_proj(source))
@@ -94,11 +98,12 @@ class SparseMultiheadAttention(MultiheadAttention):
             src_len=k.size(2),
             static_kv=static_kv,
         )
+        key_padding_mask = _as_bool(key_padding_mask)  # fairseq's helper returns floats
         saved = saved if saved is not None else {}
         saved["prev_key"], saved["prev_value"] = k, v
         saved["prev_key_padding_mask"] = key_padding_mask
         self._set_input_buffer(incremental_state, saved)
-        return k, v, _as_bool(key_padding_mask)
+        return k, v, key_padding_mask
 
     def forward(
         self,
@@ -137,7 +142,11 @@ class SparseMultiheadAttention(MultiheadAttention):
             dropout=self.dropout_module,
             hard_train=self.hard_train,
             head_params=self.head_params,
+            self_attention=self.self_attention,
+            seed=self.pattern_seed,
         )
+        if self.spec.uses_positions:
+            ctx.query_positions, ctx.key_positions = self._positions(key_padding_mask, k.size(2), tgt_len, incremental_state)
         out, weights = self.spec.fn(scores, v, mask, ctx)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
@@ -149,6 +158,35 @@ class SparseMultiheadAttention(MultiheadAttention):
             return out, None
         weights = weights.transpose(0, 1)  # (H, B, T, S)
         return out, (weights if need_head_weights else weights.mean(dim=0))
+
+
+    def _positions(
+        self, key_padding_mask: Optional[Tensor], num_keys: int, tgt_len: int, incremental_state: Optional[IncrementalState]
+    ) -> Tuple[Tensor, Tensor]:
+        """Real-token positions of queries (B|1, 1, T) and keys (B|1, 1, S).
+
+        Padding is not counted, so a left-padded source numbers its tokens as the lone
+        sentence would. Self-attention queries are the last T keys. Cross-attention
+        queries are target steps: 0..T-1 in a full pass; in incremental decoding a
+        per-sentence step counter kept in the incremental state (reordered with it).
+        """
+        device = self.q_proj.weight.device
+        if key_padding_mask is None:
+            key_positions = torch.arange(num_keys, device=device)[None, None, :]
+        else:
+            key_positions = ((~key_padding_mask).long().cumsum(dim=-1) - 1)[:, None, :]
+        if self.self_attention:
+            return key_positions[..., -tgt_len:], key_positions
+        query_positions = torch.arange(tgt_len, device=device)[None, None, :]
+        if incremental_state is not None:
+            saved = self._get_input_buffer(incremental_state)
+            steps = saved.get("query_offset")
+            if steps is None:
+                steps = torch.zeros(key_positions.size(0), dtype=torch.long, device=device)
+            query_positions = query_positions + steps[:, None, None]
+            saved["query_offset"] = steps + tgt_len
+            self._set_input_buffer(incremental_state, saved)
+        return query_positions, key_positions
 
 
 def _as_bool(mask: Optional[Tensor]) -> Optional[Tensor]:

@@ -36,34 +36,45 @@ def masked_softmax(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
     return _fill_masked(weights, mask, 0.0)
 
 
-def topk_mask(scores: Tensor, mask: Optional[Tensor], k: int) -> Optional[Tensor]:
+def with_key_counts(scores: Tensor, ctx: AttentionContext) -> Tensor:
+    """Scores of c identical keys, for softmax: exp(s + log c) = c * exp(s)."""
+    return scores if ctx.key_counts is None else scores + ctx.key_counts.log()
+
+
+def topk_mask(scores: Tensor, mask: Optional[Tensor], k: int, key_counts: Optional[Tensor] = None) -> Optional[Tensor]:
     """Extend ``mask`` to every key below the k-th largest unmasked score of its query.
 
     Selection happens after the causal/padding masks, as in the Explicit Sparse
     Transformer code. k is clipped to the number of keys. Keys tied with the k-th
     score are all kept (so a row may keep more than k); when fewer than k keys are
-    unmasked the threshold is -inf and every unmasked key is kept.
+    unmasked the threshold is -inf and every unmasked key is kept. With key counts,
+    the k-th largest is taken over the multiset (a key of count c fills c places).
     """
-    num_keys = scores.size(-1)
-    if k >= num_keys:
-        return mask
     masked = _fill_masked(scores, mask, float("-inf"))
-    threshold = masked.topk(k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
+    if key_counts is None:
+        if k >= scores.size(-1):
+            return mask
+        threshold = masked.topk(k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
+    else:
+        ranked, order = masked.sort(dim=-1, descending=True)
+        filled = key_counts.expand_as(masked).gather(-1, order).cumsum(dim=-1)
+        kth = (filled < k).sum(dim=-1, keepdim=True).clamp(max=scores.size(-1) - 1)
+        threshold = ranked.gather(-1, kth)
     below = masked < threshold
     return below if mask is None else below | mask
 
 
-@register_attention("softmax")
+@register_attention("softmax", supports_key_counts=True)
 def softmax_attention(scores, values, mask, ctx) -> AttentionOutput:
     """Scaled dot-product attention (Vaswani et al., 2017)."""
-    weights = masked_softmax(scores, mask)
+    weights = masked_softmax(with_key_counts(scores, ctx), mask)
     return _attend(weights, values, ctx), weights
 
 
-@register_attention("topk", uses_k=True)
+@register_attention("topk", uses_k=True, supports_key_counts=True)
 def topk_attention(scores, values, mask, ctx) -> AttentionOutput:
     """Explicit sparse attention: softmax over the k largest scores of each query (Zhao et al., 2019)."""
-    weights = masked_softmax(scores, topk_mask(scores, mask, ctx.k))
+    weights = masked_softmax(with_key_counts(scores, ctx), topk_mask(scores, mask, ctx.k, ctx.key_counts))
     return _attend(weights, values, ctx), weights
 
 
@@ -159,7 +170,8 @@ def _one_hot_weights(indices: Tensor, num_keys: int) -> Tensor:
     return weights.scatter_(-1, indices.unsqueeze(-1), 1.0)
 
 
-@register_attention("hard")
+# Counts need no handling: c identical keys have one argmax value and one value row.
+@register_attention("hard", supports_key_counts=True)
 def hard_retrieval_attention(scores, values, mask, ctx) -> AttentionOutput:
     """Hard retrieval attention: each head reads exactly one value row (Xu et al., 2021).
 
@@ -202,6 +214,8 @@ def _rectified(activation, doc: str):
 
     def rectified_attention(scores, values, mask, ctx) -> AttentionOutput:
         weights = _fill_masked(activation(scores), mask, 0.0)
+        if ctx.key_counts is not None:  # c identical keys add up their weights
+            weights = weights * ctx.key_counts
         return _attend(weights, values, ctx), weights
 
     rectified_attention.__doc__ = doc
@@ -244,4 +258,4 @@ _RELA_VARIANTS = {
     "rela_g_leaky_relu": (F.leaky_relu, _gated_rmsnorm, "ReLA-g with leaky ReLU in place of ReLU [10]."),
 }
 for _name, (_activation, _norm, _doc) in _RELA_VARIANTS.items():
-    register_attention(_name, build_output_norm=_norm)(_rectified(_activation, _doc))
+    register_attention(_name, build_output_norm=_norm, supports_key_counts=True)(_rectified(_activation, _doc))

@@ -47,6 +47,10 @@ class AttentionContext:
     query_positions: Optional[Tensor] = None  # (B or 1, 1, T) long
     key_positions: Optional[Tensor] = None  # (B or 1, 1, S) long; -1 at left padding
     seed: int = 0  # for functions with random patterns
+    # Multiplicity of each key, (B or 1, 1, 1, S) float, or None (every key once). L0Drop's
+    # compressed memory stands one zero slot in for its c pruned encodings; a function
+    # registered with supports_key_counts must treat it exactly as c identical keys.
+    key_counts: Optional[Tensor] = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class AttentionSpec:
     uses_positions: bool = False
     # Defined only for self-attention: using it in encoder-decoder attention is an error.
     self_attention_only: bool = False
+    # Honours ctx.key_counts, so L0Drop's compressed decoding is exact with it.
+    supports_key_counts: bool = False
     description: str = ""
 
 
@@ -76,6 +82,7 @@ def register_attention(
     build_head_params: Optional[Callable[[int], nn.Module]] = None,
     uses_positions: bool = False,
     self_attention_only: bool = False,
+    supports_key_counts: bool = False,
 ):
     """Decorator adding an attention function to the registry under ``name``."""
 
@@ -90,6 +97,7 @@ def register_attention(
             build_head_params=build_head_params,
             uses_positions=uses_positions,
             self_attention_only=self_attention_only,
+            supports_key_counts=supports_key_counts,
             description=(fn.__doc__ or "").strip().split("\n")[0],
         )
         return fn

@@ -4,6 +4,8 @@ Only the small ``build_*`` hooks of fairseq's transformer are overridden; every
 ``forward`` is fairseq's own.
 """
 
+import logging
+
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
@@ -22,6 +24,8 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from ..attention import attention_names, check_k, get_attention
 from ..modules.sparse_multihead_attention import SparseMultiheadAttention
+
+logger = logging.getLogger(__name__)
 
 SUBLAYERS = ("encoder", "decoder", "cross")
 DEFAULT_ATTN_FN = "softmax"
@@ -145,20 +149,36 @@ class SparseTransformerModel(TransformerModel):
 
     @classmethod
     def add_args(cls, parser):
+        from .l0drop import add_l0drop_args
+
         super().add_args(parser)
         add_sparse_attention_args(parser)
+        add_l0drop_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
+        from .l0drop import l0drop_defaults
+
         sparse_attention_defaults(args)
+        l0drop_defaults(args)
         validate_sparse_attention_args(args)
         return super().build_model(args, task)
+
+    def set_num_updates(self, num_updates):
+        self.num_updates = num_updates  # read by criteria that schedule a weight (the L0 lambda ramp)
+        super().set_num_updates(num_updates)
 
     def attention_summary(self) -> str:
         cfg = self.cfg
         return ", ".join(f"{s}={getattr(cfg, f'{s}_attn_fn', DEFAULT_ATTN_FN)}" for s in SUBLAYERS)
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        own = self.state_dict()
+        new_gates = [key for key in own if "l0drop_gate" in key and key not in state_dict]
+        if new_gates:
+            # fine-tuning a model trained without L0Drop: its gates start from their (open) initialisation
+            logger.info(f"L0Drop: {len(new_gates)} gate parameters are not in the checkpoint; initialising them")
+            state_dict = {**state_dict, **{key: own[key] for key in new_gates}}
         try:
             return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
         except RuntimeError as err:
@@ -174,12 +194,19 @@ class SparseTransformerModel(TransformerModel):
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        return SparseTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+        from .l0drop import L0DropTransformerEncoder
+
+        cfg = TransformerConfig.from_namespace(args)
+        encoder = L0DropTransformerEncoder if getattr(cfg, "l0drop", False) else SparseTransformerEncoder
+        return encoder(cfg, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
+        from .l0drop import L0DropTransformerDecoder
+
         cfg = TransformerConfig.from_namespace(args)
-        return SparseTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        decoder = L0DropTransformerDecoder if getattr(cfg, "l0drop", False) else SparseTransformerDecoder
+        return decoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 
 # Architectures: the papers' model sizes, then method presets.

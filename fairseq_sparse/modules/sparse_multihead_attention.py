@@ -54,6 +54,9 @@ class SparseMultiheadAttention(MultiheadAttention):
             self.spec.build_output_norm(embed_dim, self.head_dim) if self.spec.build_output_norm else None
         )
         self.head_params = self.spec.build_head_params(num_heads) if self.spec.build_head_params else None
+        # (B, S) multiplicity of each cross-attention key, set per call by the decoder when
+        # it reads L0Drop's compressed encoder memory; None means every key counts once.
+        self.key_counts: Optional[Tensor] = None
 
     def extra_repr(self) -> str:
         k = f", k={self.attn_k}" if self.spec.uses_k else ""
@@ -145,6 +148,10 @@ class SparseMultiheadAttention(MultiheadAttention):
             self_attention=self.self_attention,
             seed=self.pattern_seed,
         )
+        if self.key_counts is not None:
+            if not self.spec.supports_key_counts:
+                raise ValueError(f"attention function {self.attn_fn!r} cannot read a compressed (counted) memory")
+            ctx.key_counts = self.key_counts[:, None, None, :].to(scores.dtype)
         if self.spec.uses_positions:
             ctx.query_positions, ctx.key_positions = self._positions(key_padding_mask, k.size(2), tgt_len, incremental_state)
         out, weights = self.spec.fn(scores, v, mask, ctx)

@@ -1,0 +1,123 @@
+"""L0Drop for transformer_sparse: gated encoder outputs and the count-aware compressed decoder.
+
+The encoder and decoder wrap fairseq's own ``forward``s:
+
+* the encoder gates its output (``--l0drop``; with ``--l0drop-every-layer`` also the
+  output of every encoder layer but the last) and, at inference with compression on,
+  hands the decoder Algorithm 1's compressed memory: one zero slot standing for the
+  pruned encodings, then the kept ones weighted by their gate, with key counts;
+* the decoder tells its cross-attention modules the key counts and passes the gate
+  statistics to the criterion (``label_smoothed_cross_entropy_l0drop``).
+
+Compressed decoding equals uncompressed decoding exactly when the cross-attention
+function honours key counts (softmax, topk, hard, ReLA family); with any other, the
+encoder decodes uncompressed and says so once.
+"""
+
+import logging
+from typing import Dict, List, Optional
+
+from fairseq import utils
+from torch import Tensor
+
+from ..attention import get_attention
+from ..modules.l0drop import GateOutput, HardConcreteGate, compress_memory
+from .sparse_transformer import SparseTransformerDecoder, SparseTransformerEncoder, SparseTransformerEncoderLayer, wrap_layer
+
+logger = logging.getLogger(__name__)
+
+GATE_KEYS = ("l0drop_expected_l0", "l0drop_closed", "encoder_key_counts")
+
+
+def add_l0drop_args(parser) -> None:
+    parser.add_argument("--l0drop", action="store_true",
+                        help="L0Drop: hard-concrete gates on the encoder outputs (train with "
+                             "--criterion label_smoothed_cross_entropy_l0drop)")
+    parser.add_argument("--l0drop-every-layer", action="store_true",
+                        help="also gate the output of every encoder layer (the paper's ablation)")
+    parser.add_argument("--l0drop-compress", type=utils.eval_bool, metavar="BOOL",
+                        help="decode from the compressed encoder memory of Algorithm 1 (default: True); "
+                             "--model-overrides \"{'l0drop_compress': False}\" decodes uncompressed")
+    parser.add_argument("--l0drop-mask-pruned", action="store_true",
+                        help="hide pruned encodings from cross-attention (the official code) instead of "
+                             "keeping them attendable as zero vectors (the paper, default); no count slot")
+
+
+def l0drop_defaults(args) -> None:
+    for name, value in (("l0drop", False), ("l0drop_every_layer", False), ("l0drop_compress", True), ("l0drop_mask_pruned", False)):
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+class GatedEncoderLayer(SparseTransformerEncoderLayer):
+    """An encoder layer whose output may pass through an L0Drop gate (``--l0drop-every-layer``)."""
+
+    def __init__(self, cfg, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        self.l0drop_gate: Optional[HardConcreteGate] = None
+        self.gate_output: Optional[GateOutput] = None
+
+    def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
+        out = super().forward(x, encoder_padding_mask, attn_mask=attn_mask)
+        if self.l0drop_gate is None:
+            return out
+        x, fc_result = out if isinstance(out, tuple) else (out, None)
+        x, self.gate_output = self.l0drop_gate(x, encoder_padding_mask)
+        return (x, fc_result) if isinstance(out, tuple) else x
+
+
+class L0DropTransformerEncoder(SparseTransformerEncoder):
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        self.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim)
+        self.mask_pruned = cfg.l0drop_mask_pruned
+        self.compress = cfg.l0drop_compress
+        cross_fn = getattr(cfg, "cross_attn_fn", "softmax")
+        if self.compress and not get_attention(cross_fn).supports_key_counts:
+            logger.warning(f"L0Drop: cross-attention function {cross_fn!r} cannot read a compressed memory "
+                           "exactly; decoding uncompressed")
+            self.compress = False
+        if cfg.l0drop_every_layer:
+            for layer in list(self.layers)[:-1]:
+                layer.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim)
+
+    def build_encoder_layer(self, cfg):
+        return wrap_layer(GatedEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+    def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
+                token_embeddings: Optional[Tensor] = None):
+        out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        padding = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else src_tokens.eq(self.padding_idx)
+        x, gate = self.l0drop_gate(out["encoder_out"][0], padding)
+        inner = [layer.gate_output for layer in self.layers if getattr(layer, "l0drop_gate", None) is not None]
+        out["l0drop_expected_l0"] = [gate.expected_l0 + sum(g.expected_l0 for g in inner)]
+        out["l0drop_closed"] = [gate.closed]
+        if self.training or not self.compress:
+            mask = padding | (gate.gates == 0) if self.mask_pruned else padding
+            out["encoder_out"], out["encoder_padding_mask"] = [x], [mask]
+        else:
+            memory, mask, counts = compress_memory(x, gate.gates, padding, count_pruned=not self.mask_pruned)
+            out["encoder_out"], out["encoder_padding_mask"], out["encoder_key_counts"] = [memory], [mask], [counts]
+        return out
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
+        reordered = super().reorder_encoder_out(encoder_out, new_order)
+        for key in GATE_KEYS:
+            if encoder_out.get(key):
+                reordered[key] = [encoder_out[key][0].index_select(0, new_order)]
+        return reordered
+
+
+class L0DropTransformerDecoder(SparseTransformerDecoder):
+    def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+                incremental_state=None, **kwargs):
+        counts = encoder_out.get("encoder_key_counts") if encoder_out is not None else None
+        for layer in self.layers:
+            if layer.encoder_attn is not None:
+                layer.encoder_attn.key_counts = counts[0] if counts else None
+        x, extra = super().forward(prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state, **kwargs)
+        if encoder_out is not None and encoder_out.get("l0drop_expected_l0"):
+            extra["l0drop_expected_l0"] = encoder_out["l0drop_expected_l0"][0]
+            extra["l0drop_closed"] = encoder_out["l0drop_closed"][0]
+        return x, extra
+

@@ -1,0 +1,100 @@
+"""L0Drop (Zhang et al., 2021): hard-concrete gates on encoder outputs, and the compressed memory.
+
+Gate of encoding x_i: log alpha_i = x_i . w + b. Training samples (reparameterised)
+    s = sigmoid((log u - log(1 - u) + log alpha) / beta),  u ~ U(0, 1)
+    g = clamp(s * (zeta - gamma) + gamma, 0, 1)
+with beta = 2/3 and the stretch interval (gamma, zeta) = (-0.1, 1.1) (the paper's
+epsilon = 0.1). Evaluation uses the expected gate of eq. 13,
+    g_hat = clamp(sigmoid(log alpha) * (zeta - gamma) + gamma, 0, 1),
+which is often exactly 0 or 1. The expected L0 of a gate (eq. 10) is
+    1 - P(g = 0) = sigmoid(log alpha - beta * log(-gamma / zeta)).
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+BETA = 2.0 / 3.0
+GAMMA, ZETA = -0.1, 1.1
+# Gates start open: with w = 0 and this bias, g_hat = 1 and P(g = 0) is about 1e-3, so
+# fine-tuning a converged model starts from that model.
+OPEN_GATE_BIAS = 3.0
+
+
+@dataclass
+class GateOutput:
+    gates: Tensor  # (B, T) the gate applied: sampled in training, g_hat in evaluation; 0 at padding
+    expected_l0: Tensor  # (B, T) 1 - P(g = 0); 0 at padding
+    closed: Tensor  # (B, T) bool, g_hat == 0 at a real token (the paper's "pruned")
+
+
+def expected_gate(log_alpha: Tensor) -> Tensor:
+    """g_hat of eq. 13."""
+    return (torch.sigmoid(log_alpha) * (ZETA - GAMMA) + GAMMA).clamp(0.0, 1.0)
+
+
+def probability_open(log_alpha: Tensor) -> Tensor:
+    """1 - P(g = 0), the expected L0 norm of one gate (eq. 10)."""
+    return torch.sigmoid(log_alpha - BETA * math.log(-GAMMA / ZETA))
+
+
+def sample_gate(log_alpha: Tensor) -> Tensor:
+    """A reparameterised hard-concrete sample (eqs. 6-8)."""
+    u = torch.rand_like(log_alpha).clamp(1e-6, 1.0 - 1e-6)
+    s = torch.sigmoid((u.log() - (-u).log1p() + log_alpha) / BETA)
+    return (s * (ZETA - GAMMA) + GAMMA).clamp(0.0, 1.0)
+
+
+class HardConcreteGate(nn.Module):
+    """One hard-concrete gate per encoder output, predicted from that output."""
+
+    def __init__(self, embed_dim: int):
+        super().__init__()
+        self.log_alpha = nn.Linear(embed_dim, 1)
+        nn.init.zeros_(self.log_alpha.weight)
+        nn.init.constant_(self.log_alpha.bias, OPEN_GATE_BIAS)
+
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor]) -> Tuple[Tensor, GateOutput]:
+        """x: (T, B, C); padding_mask: (B, T) True at padding. Returns gated x and the gate statistics."""
+        log_alpha = self.log_alpha(x.float()).squeeze(-1).transpose(0, 1)  # (B, T)
+        g_hat = expected_gate(log_alpha)
+        gates = sample_gate(log_alpha) if self.training else g_hat
+        expected_l0 = probability_open(log_alpha)
+        closed = g_hat == 0
+        if padding_mask is not None:
+            gates = gates.masked_fill(padding_mask, 0.0)
+            expected_l0 = expected_l0.masked_fill(padding_mask, 0.0)
+            closed = closed & ~padding_mask
+        gated = x * gates.transpose(0, 1).unsqueeze(-1).to(x.dtype)
+        return gated, GateOutput(gates=gates, expected_l0=expected_l0, closed=closed)
+
+
+def compress_memory(
+    x: Tensor, gates: Tensor, padding_mask: Optional[Tensor], count_pruned: bool = True
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Algorithm 1, step 1: drop encodings whose gate is 0, prepend one zero slot counting them.
+
+    x: (T, B, C) gated encoder outputs (x * g); gates: (B, T), 0 at padding.
+    Returns memory (1 + W, B, C) with slot 0 a zero vector followed by each sentence's
+    kept encodings in order (W = most kept in the batch), its padding mask (B, 1 + W)
+    and key counts (B, 1 + W): slot 0 = number pruned (0, i.e. masked, when
+    ``count_pruned`` is False or nothing was pruned), kept slots 1, padding 0.
+    """
+    bsz = x.size(1)
+    kept = gates > 0
+    real = kept.new_ones(kept.shape) if padding_mask is None else ~padding_mask
+    num_kept = kept.sum(dim=1)
+    num_pruned = (real & ~kept).sum(dim=1)
+    width = int(num_kept.max()) if bsz > 0 else 0
+    # a stable sort puts each sentence's kept positions first, in their original order
+    order = torch.sort((~kept).to(torch.uint8), dim=1, stable=True).indices[:, :width]
+    rows = x.transpose(0, 1).gather(1, order.unsqueeze(-1).expand(-1, -1, x.size(-1)))  # (B, W, C)
+    slot_used = torch.arange(width, device=x.device)[None, :] < num_kept[:, None]
+    rows = rows.masked_fill(~slot_used.unsqueeze(-1), 0.0)
+    memory = torch.cat([rows.new_zeros(bsz, 1, x.size(-1)), rows], dim=1).transpose(0, 1)
+    pruned_count = num_pruned if count_pruned else torch.zeros_like(num_pruned)
+    counts = torch.cat([pruned_count[:, None].to(x.dtype), slot_used.to(x.dtype)], dim=1).float()
+    return memory, counts == 0, counts

@@ -1,0 +1,200 @@
+"""L0Drop: hard-concrete gates, the L0 criterion and the count-aware compressed decoder."""
+
+import argparse
+
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_sparse.models.sparse_transformer import SparseTransformerEncoder
+from fairseq_sparse.criterions.l0drop import L0DropCriterion, MissingGatesError
+from fairseq_sparse.modules.l0drop import (
+    HardConcreteGate,
+    compress_memory,
+    expected_gate,
+    probability_open,
+    sample_gate,
+)
+from helpers import TinyTask, build_model, random_batch
+
+
+def close_some_gates(model, batch, seed=0):
+    """Random gate weights, centred on this batch, so that about half of its encodings are pruned."""
+    gen = torch.Generator().manual_seed(seed)
+    gate = model.encoder.l0drop_gate.log_alpha
+    with torch.no_grad():
+        gate.weight.copy_(torch.randn(gate.weight.shape, generator=gen) * 3.0)
+        gate.bias.fill_(0.0)
+        encoded = SparseTransformerEncoder.forward(model.encoder, batch["src_tokens"], batch["src_lengths"])
+        real = batch["src_tokens"].ne(1).t()
+        gate.bias.fill_(-gate(encoded["encoder_out"][0]).squeeze(-1)[real].median().item())
+    return model
+
+
+@pytest.mark.parametrize("log_alpha", [-3.0, -1.0, 0.0, 0.5, 2.0])
+def test_closed_form_probabilities_match_the_sampler(log_alpha):
+    torch.manual_seed(0)
+    samples = sample_gate(torch.full((400_000,), log_alpha))
+    assert ((samples >= 0) & (samples <= 1)).all()
+    assert abs((samples == 0).float().mean().item() - (1 - probability_open(torch.tensor(log_alpha)).item())) < 0.004
+    # the stretched-and-clipped sample's mean lies between 0 and 1 and is exactly 1 far to the right
+    assert expected_gate(torch.tensor(10.0)).item() == 1.0 and expected_gate(torch.tensor(-10.0)).item() == 0.0
+
+
+def test_gates_start_open_and_gradients_reach_the_gate_weights():
+    gate = HardConcreteGate(8)
+    x = torch.randn(5, 3, 8)
+    padding = torch.zeros(3, 5, dtype=torch.bool)
+    padding[0, :2] = True
+    gated, out = gate.eval()(x, padding)
+    assert (out.gates[~padding] == 1).all() and (out.gates[padding] == 0).all() and not out.closed.any()
+    assert torch.equal(gated.transpose(0, 1)[~padding], x.transpose(0, 1)[~padding])
+    gate.train()
+    torch.manual_seed(1)
+    gated, out = gate(x, padding)
+    (gated.pow(2).sum() + out.expected_l0.sum()).backward()
+    assert gate.log_alpha.weight.grad.abs().sum() > 0 and gate.log_alpha.bias.grad.abs() > 0
+    assert (out.expected_l0[padding] == 0).all()
+
+
+def test_compressed_memory_layout():
+    x = torch.arange(1, 13, dtype=torch.float).view(4, 3, 1).expand(4, 3, 2).contiguous()  # (T=4, B=3, C=2)
+    gates = torch.tensor([[1.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
+    padding = torch.tensor([[False] * 4, [True, True, False, False], [True, False, False, False]])
+    memory, mask, counts = compress_memory(x, gates, padding)
+    assert counts.tolist() == [[2, 1, 1, 0], [2, 0, 0, 0], [0, 1, 1, 1]]
+    assert torch.equal(mask, counts == 0)
+    assert memory[:, 0, 0].tolist() == [0, 1, 7, 0]  # zero slot, then tokens 0 and 2 of sentence 0
+    assert memory[:, 2, 0].tolist() == [0, 6, 9, 12]
+    _, _, uncounted = compress_memory(x, gates, padding, count_pruned=False)
+    assert uncounted[:, 0].tolist() == [0, 0, 0]
+
+
+def generate(model, batch, beam, compress):
+    model.encoder.compress = compress
+    generator = SequenceGenerator([model], TinyTask().target_dictionary, beam_size=beam, max_len_b=8, min_len=1)
+    with torch.no_grad():
+        return generator.generate([model], {"net_input": {k: batch[k] for k in ("src_tokens", "src_lengths")}})
+
+
+CROSS_FUNCTIONS = ["softmax", "topk", "hard", "rela_g"]
+
+
+@pytest.mark.parametrize("mask_pruned", [False, True], ids=["paper", "mask-pruned"])
+@pytest.mark.parametrize("cross", CROSS_FUNCTIONS)
+@pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize("sentences", [[6], [7, 5, 9, 3, 8]], ids=["batch1", "batch5"])
+def test_compressed_decoding_equals_uncompressed(cross, beam, sentences, mask_pruned):
+    batch = random_batch(lengths=sentences, tgt_lengths=[2] * len(sentences), seed=5)
+    model = build_model(l0drop=True, cross_attn_fn=cross, attn_k=3, l0drop_mask_pruned=mask_pruned).eval()
+    close_some_gates(model, batch)
+    with torch.no_grad():
+        closed = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])["l0drop_closed"][0]
+    assert 0 < closed.sum() < batch["src_tokens"].ne(1).sum(), "the test needs some closed and some open gates"
+    compressed = generate(model, batch, beam, compress=True)
+    uncompressed = generate(model, batch, beam, compress=False)
+    for hyps_c, hyps_u in zip(compressed, uncompressed):
+        assert len(hyps_c) == len(hyps_u) == beam
+        for hc, hu in zip(hyps_c, hyps_u):
+            assert torch.equal(hc["tokens"], hu["tokens"])
+            assert abs(hc["score"] - hu["score"]) <= 1e-5
+            assert (hc["positional_scores"] - hu["positional_scores"]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("cross", CROSS_FUNCTIONS)
+def test_compressed_memory_gives_the_same_teacher_forced_outputs(cross):
+    batch = random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 4, 6], seed=2)
+    model = close_some_gates(build_model(l0drop=True, cross_attn_fn=cross, attn_k=3).eval(), batch)
+    with torch.no_grad():
+        model.encoder.compress = True
+        compressed, _ = model(**batch)
+        model.encoder.compress = False
+        uncompressed, _ = model(**batch)
+    assert (compressed - uncompressed).abs().max() <= 1e-5
+
+
+def test_functions_without_key_counts_decode_uncompressed(caplog):
+    model = build_model(l0drop=True, cross_attn_fn="sparsemax")
+    assert model.encoder.compress is False
+    assert "cannot read a compressed memory" in caplog.text
+
+
+def test_every_layer_gates_add_their_penalties():
+    model = build_model(l0drop=True, l0drop_every_layer=True).train()
+    assert model.encoder.layers[0].l0drop_gate is not None and model.encoder.layers[-1].l0drop_gate is None
+    batch = random_batch(lengths=[7, 5], tgt_lengths=[6, 4])
+    _, extra = model(**batch)
+    real = batch["src_tokens"].ne(1)
+    # two gates (after layer 1 and on the output), each nearly open: about 2 expected open gates per token
+    per_token = extra["l0drop_expected_l0"][real]
+    assert ((per_token > 1.9) & (per_token <= 2.0)).all()
+
+
+def criterion(l0_lambda=0.5, warmup=0, label_smoothing=0.1):
+    return L0DropCriterion(TinyTask(), sentence_avg=False, label_smoothing=label_smoothing, l0_lambda=l0_lambda,
+                           l0_lambda_warmup_updates=warmup)
+
+
+def sample_from(batch):
+    target = torch.cat([batch["prev_output_tokens"][:, 1:], torch.full((len(batch["prev_output_tokens"]), 1), 2)], 1)
+    target = target.masked_fill(batch["prev_output_tokens"].eq(1), 1)
+    return {"net_input": batch, "target": target, "ntokens": int(target.ne(1).sum())}
+
+
+def test_criterion_adds_lambda_times_expected_l0_scaled_to_target_tokens():
+    model = build_model(l0drop=True).eval()
+    sample = sample_from(random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 4, 6]))
+    base, _, _ = criterion(l0_lambda=0.0)(model, sample)
+    with_l0, sample_size, log = criterion(l0_lambda=0.5)(model, sample)
+    src_tokens = sample["net_input"]["src_tokens"].ne(1).sum()
+    expected = 0.5 * log["l0_open"] * sample_size / src_tokens
+    assert torch.allclose(with_l0 - base, expected)
+    assert log["l0_open"] == pytest.approx(float(probability_open(torch.tensor(3.0))) * int(src_tokens), rel=1e-5)
+    assert log["src_tokens"] == src_tokens and log["l0_closed"] == 0
+
+
+def test_lambda_ramps_linearly_over_warmup():
+    model = build_model(l0drop=True)
+    ramp = criterion(l0_lambda=0.4, warmup=100)
+    model.set_num_updates(0)
+    assert ramp.current_lambda(model) == 0.0
+    model.set_num_updates(50)
+    assert ramp.current_lambda(model) == pytest.approx(0.2)
+    model.set_num_updates(500)
+    assert ramp.current_lambda(model) == pytest.approx(0.4)
+
+
+def test_criterion_on_a_model_without_gates_is_a_clear_error():
+    sample = sample_from(random_batch(lengths=[4], tgt_lengths=[3]))
+    with pytest.raises(MissingGatesError, match="needs a model with L0Drop gates.*--l0drop"):
+        criterion()(build_model(), sample)
+
+
+def test_fine_tuning_a_softmax_model_starts_from_it():
+    """New gate parameters are initialised open, the rest restored: outputs are unchanged."""
+    baseline = build_model(seed=3).eval()
+    gated = build_model(seed=4, l0drop=True).eval()
+    gated.load_state_dict(baseline.state_dict())
+    batch = random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 4, 6])
+    with torch.no_grad():
+        assert (gated(**batch)[0] - baseline(**batch)[0]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("l0_lambda,expect_sparse", [(0.0, False), (5.0, True)])
+def test_lambda_controls_sparsity_in_a_short_run(l0_lambda, expect_sparse):
+    torch.manual_seed(0)
+    model = build_model(l0drop=True)
+    loss_fn = criterion(l0_lambda=l0_lambda)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    sample = sample_from(random_batch(lengths=[9, 7, 8, 6], tgt_lengths=[6, 5, 6, 4], seed=7))
+    for _ in range(60):
+        model.train()
+        optimizer.zero_grad()
+        loss, sample_size, _ = loss_fn(model, sample)
+        (loss / sample_size).backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        _, _, log = loss_fn(model, sample)
+    sparsity = float(log["l0_closed"]) / float(log["src_tokens"])
+    assert (sparsity > 0.3) if expect_sparse else (sparsity < 0.05), sparsity

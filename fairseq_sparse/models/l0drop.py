@@ -1,5 +1,8 @@
 """L0Drop for transformer_sparse: gated encoder outputs and the count-aware compressed decoder.
 
+The same encoder serves the rule-based patterns (``--encoder-prune-pattern``), whose
+fixed gates replace the learned ones.
+
 The encoder and decoder wrap fairseq's own ``forward``s:
 
 * the encoder gates its output (``--l0drop``; with ``--l0drop-every-layer`` also the
@@ -22,6 +25,7 @@ from torch import Tensor
 
 from ..attention import get_attention
 from ..modules.l0drop import GateOutput, HardConcreteGate, compress_memory
+from ..modules.prune_patterns import PATTERNS, RulePatternGate
 from .sparse_transformer import SparseTransformerDecoder, SparseTransformerEncoder, SparseTransformerEncoderLayer, wrap_layer
 
 logger = logging.getLogger(__name__)
@@ -38,15 +42,29 @@ def add_l0drop_args(parser) -> None:
     parser.add_argument("--l0drop-compress", type=utils.eval_bool, metavar="BOOL",
                         help="decode from the compressed encoder memory of Algorithm 1 (default: True); "
                              "--model-overrides \"{'l0drop_compress': False}\" decodes uncompressed")
+    parser.add_argument("--encoder-prune-pattern", choices=PATTERNS,
+                        help="prune encoder outputs by a fixed rule instead of learned gates (L0Drop paper, "
+                             "section 7): group (keep every other token), freq (the 100 most frequent types), "
+                             "inv_freq (the rarest types covering 40%% of tokens), pos (function words, "
+                             "punctuation, MD/EX and subword continuations; needs --encoder-prune-pos-table)")
+    parser.add_argument("--encoder-prune-pos-table", metavar="FILE",
+                        help="word types the pos pattern prunes, one a line (scripts/build_pos_prune_table.py)")
     parser.add_argument("--l0drop-mask-pruned", action="store_true",
                         help="hide pruned encodings from cross-attention (the official code) instead of "
                              "keeping them attendable as zero vectors (the paper, default); no count slot")
 
 
 def l0drop_defaults(args) -> None:
-    for name, value in (("l0drop", False), ("l0drop_every_layer", False), ("l0drop_compress", True), ("l0drop_mask_pruned", False)):
+    for name, value in (("l0drop", False), ("l0drop_every_layer", False), ("l0drop_compress", True),
+                        ("l0drop_mask_pruned", False), ("encoder_prune_pattern", None), ("encoder_prune_pos_table", None)):
         if getattr(args, name, None) is None:
             setattr(args, name, value)
+    if args.encoder_prune_pattern and (args.l0drop or args.l0drop_every_layer):
+        raise ValueError("--encoder-prune-pattern replaces L0Drop's learned gates: use it without --l0drop")
+
+
+def uses_gated_encoder(cfg) -> bool:
+    return bool(getattr(cfg, "l0drop", False) or getattr(cfg, "encoder_prune_pattern", None))
 
 
 class GatedEncoderLayer(SparseTransformerEncoderLayer):
@@ -69,7 +87,10 @@ class GatedEncoderLayer(SparseTransformerEncoderLayer):
 class L0DropTransformerEncoder(SparseTransformerEncoder):
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        self.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim)
+        if cfg.encoder_prune_pattern:
+            self.l0drop_gate = RulePatternGate(cfg.encoder_prune_pattern, dictionary, cfg.encoder_prune_pos_table)
+        else:
+            self.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim)
         self.mask_pruned = cfg.l0drop_mask_pruned
         self.compress = cfg.l0drop_compress
         cross_fn = getattr(cfg, "cross_attn_fn", "softmax")
@@ -88,7 +109,7 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
                 token_embeddings: Optional[Tensor] = None):
         out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
         padding = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else src_tokens.eq(self.padding_idx)
-        x, gate = self.l0drop_gate(out["encoder_out"][0], padding)
+        x, gate = self.l0drop_gate(out["encoder_out"][0], padding, src_tokens)
         inner = [layer.gate_output for layer in self.layers if getattr(layer, "l0drop_gate", None) is not None]
         out["l0drop_expected_l0"] = [gate.expected_l0 + sum(g.expected_l0 for g in inner)]
         out["l0drop_closed"] = [gate.closed]

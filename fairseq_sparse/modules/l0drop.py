@@ -57,8 +57,11 @@ class HardConcreteGate(nn.Module):
         nn.init.zeros_(self.log_alpha.weight)
         nn.init.constant_(self.log_alpha.bias, OPEN_GATE_BIAS)
 
-    def forward(self, x: Tensor, padding_mask: Optional[Tensor]) -> Tuple[Tensor, GateOutput]:
-        """x: (T, B, C); padding_mask: (B, T) True at padding. Returns gated x and the gate statistics."""
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor], src_tokens: Optional[Tensor] = None) -> Tuple[Tensor, GateOutput]:
+        """x: (T, B, C); padding_mask: (B, T) True at padding. Returns gated x and the gate statistics.
+
+        ``src_tokens`` is unused: the gate reads the encodings (rule patterns read the tokens).
+        """
         log_alpha = self.log_alpha(x.float()).squeeze(-1).transpose(0, 1)  # (B, T)
         g_hat = expected_gate(log_alpha)
         gates = sample_gate(log_alpha) if self.training else g_hat

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 SUBLAYERS = ("encoder", "decoder", "cross")
 DEFAULT_ATTN_FN = "softmax"
 DEFAULT_ATTN_K = 8
+DEFAULT_PATTERN_SEED = 1
 HARD_TRAIN_CHOICES = ("sample", "argmax")
 
 
@@ -50,6 +51,8 @@ def add_sparse_attention_args(parser) -> None:
     parser.add_argument("--hard-train", choices=HARD_TRAIN_CHOICES,
                         help="how hard retrieval attention picks its key in training: sample from the softmax "
                              "(the paper) or take its argmax (default: sample)")
+    parser.add_argument("--attn-pattern-seed", type=int, metavar="N",
+                        help=f"seed of the random key choice of random/bigbird attention (default: {DEFAULT_PATTERN_SEED})")
 
 
 def _set_default(args, name: str, value) -> None:
@@ -64,6 +67,7 @@ def sparse_attention_defaults(args) -> None:
         _set_default(args, f"{sublayer}_attn_fn", DEFAULT_ATTN_FN)
         _set_default(args, f"{sublayer}_attn_k", None)
     _set_default(args, "hard_train", "sample")
+    _set_default(args, "attn_pattern_seed", DEFAULT_PATTERN_SEED)
 
 
 def validate_sparse_attention_args(args) -> None:
@@ -91,6 +95,7 @@ def build_sparse_attention(cfg, sublayer: str, embed_dim: int, num_heads: int, *
         attn_fn=getattr(cfg, f"{sublayer}_attn_fn", DEFAULT_ATTN_FN),
         attn_k=sublayer_k if sublayer_k is not None else getattr(cfg, "attn_k", DEFAULT_ATTN_K),
         hard_train=getattr(cfg, "hard_train", "sample"),
+        pattern_seed=getattr(cfg, "attn_pattern_seed", DEFAULT_PATTERN_SEED),
         dropout=cfg.attention_dropout,
         **kwargs,
     )
@@ -194,18 +199,18 @@ class SparseTransformerModel(TransformerModel):
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        from .l0drop import L0DropTransformerEncoder
+        from .l0drop import L0DropTransformerEncoder, uses_gated_encoder
 
         cfg = TransformerConfig.from_namespace(args)
-        encoder = L0DropTransformerEncoder if getattr(cfg, "l0drop", False) else SparseTransformerEncoder
+        encoder = L0DropTransformerEncoder if uses_gated_encoder(cfg) else SparseTransformerEncoder
         return encoder(cfg, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
-        from .l0drop import L0DropTransformerDecoder
+        from .l0drop import L0DropTransformerDecoder, uses_gated_encoder
 
         cfg = TransformerConfig.from_namespace(args)
-        decoder = L0DropTransformerDecoder if getattr(cfg, "l0drop", False) else SparseTransformerDecoder
+        decoder = L0DropTransformerDecoder if uses_gated_encoder(cfg) else SparseTransformerDecoder
         return decoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 

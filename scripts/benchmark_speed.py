@@ -16,75 +16,40 @@ Timings are not tests: this script asserts nothing.
 
 import argparse
 import logging
-import statistics
 import sys
-import time
-from typing import Callable, Dict, List
+from typing import Dict
 
 import torch
-from fairseq import utils
 from fairseq.data import Dictionary, data_utils
-from fairseq.data.data_utils import collate_tokens
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
-from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_sparse  # noqa: F401
 from fairseq_sparse.attention import attention_names
+from fairseq_sparse.benchmarking import build, forced_length_decoder, interleaved_medians, make_batch, random_sentences, synthetic_dictionary
 
 logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stdout, force=True)
 logger = logging.getLogger("fairseq_sparse.benchmark_speed")
 
-# Where each method runs by default: its paper's placement.
+# Where each method runs: its paper's placement (hard retrieval: decoder self + cross).
 PLACEMENT = {"hard": ("decoder", "cross")}
 ALL_SUBLAYERS = ("encoder", "decoder", "cross")
 
 
-class _Task:
-    def __init__(self, dictionary: Dictionary):
-        self.source_dictionary = self.target_dictionary = dictionary
+def placement(fn: str, self_only: bool):
+    sublayers = PLACEMENT.get(fn, ALL_SUBLAYERS)
+    return tuple(s for s in sublayers if not (self_only and s == "cross"))
 
 
-def load_batches(args, dictionary: Dictionary):
-    """Source/target token batches: from a binarised fairseq split, or random tokens."""
-    gen = torch.Generator().manual_seed(args.seed)
-    if args.data:
-        src, tgt = args.pair.split("-")
-        src_data = data_utils.load_indexed_dataset(f"{args.data}/{args.split}.{args.pair}.{src}", dictionary)
-        tgt_data = data_utils.load_indexed_dataset(f"{args.data}/{args.split}.{args.pair}.{tgt}", dictionary)
-        if src_data is None or tgt_data is None:
-            sys.exit(f"benchmark_speed: error: no binarised {args.split}.{args.pair} split in {args.data}")
-        pairs = [(src_data[i], tgt_data[i]) for i in range(min(len(src_data), args.batch_size))]
-    else:
-        def sentence(n):
-            return torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (n - 1,), generator=gen), torch.tensor([dictionary.eos()])])
-
-        lengths = torch.randint(args.src_len // 2, args.src_len + 1, (args.batch_size,), generator=gen).tolist()
-        pairs = [(sentence(n), sentence(n)) for n in lengths]
-    pad, eos = dictionary.pad(), dictionary.eos()
-    src_tokens = collate_tokens([s for s, _ in pairs], pad, eos, left_pad=True)
-    target = collate_tokens([t for _, t in pairs], pad, eos, left_pad=False)
-    prev = collate_tokens([t for _, t in pairs], pad, eos, left_pad=False, move_eos_to_beginning=True)
-    src_lengths = torch.tensor([len(s) for s, _ in pairs])
-    return {"src_tokens": src_tokens, "src_lengths": src_lengths, "prev_output_tokens": prev}, target
-
-
-def build_model(args, fn: str, dictionary: Dictionary):
-    model_args = argparse.Namespace(dropout=0.1, attention_dropout=0.1, attn_k=args.k, share_all_embeddings=True)
-    for sublayer in PLACEMENT.get(fn, ALL_SUBLAYERS):
-        setattr(model_args, f"{sublayer}_attn_fn", fn)
-    ARCH_CONFIG_REGISTRY[args.arch](model_args)
-    torch.manual_seed(args.seed)
-    return ARCH_MODEL_REGISTRY[args.arch].build_model(model_args, _Task(dictionary)).to(args.device)
-
-
-def timed(fn: Callable[[], None], device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+def load_pairs(args, dictionary: Dictionary):
+    if not args.data:
+        sources = random_sentences(dictionary, args.batch_size, args.src_len, args.seed)
+        return sources, sources
+    src, tgt = args.pair.split("-")
+    src_data = data_utils.load_indexed_dataset(f"{args.data}/{args.split}.{args.pair}.{src}", dictionary)
+    tgt_data = data_utils.load_indexed_dataset(f"{args.data}/{args.split}.{args.pair}.{tgt}", dictionary)
+    if src_data is None or tgt_data is None:
+        sys.exit(f"benchmark_speed: error: no binarised {args.split}.{args.pair} split in {args.data}")
+    count = min(len(src_data), args.batch_size)
+    return [src_data[i] for i in range(count)], [tgt_data[i] for i in range(count)]
 
 
 def main(argv=None) -> Dict[str, Dict[str, float]]:
@@ -105,30 +70,25 @@ def main(argv=None) -> Dict[str, Dict[str, float]]:
     parser.add_argument("--vocab", type=int, default=8000, help="vocabulary size of random data")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    args.functions = ["softmax"] + [fn for fn in args.functions if fn != "softmax"]
     for name in args.functions:
         if name not in attention_names():
             parser.error(f"unknown attention function {name!r}; valid choices: {', '.join(attention_names())}")
+    functions = ["softmax"] + [fn for fn in args.functions if fn != "softmax"]
 
-    if args.data:
-        src = args.pair.split("-")[0]
-        dictionary = Dictionary.load(f"{args.data}/dict.{src}.txt")
-    else:
-        dictionary = Dictionary()
-        for i in range(args.vocab):
-            dictionary.add_symbol(f"w{i}")
-    batch, target = load_batches(args, dictionary)
-    batch = utils.move_to_cuda(batch) if args.device == "cuda" else batch
-    target = target.to(args.device)
+    dictionary = Dictionary.load(f"{args.data}/dict.{args.pair.split('-')[0]}.txt") if args.data else synthetic_dictionary(args.vocab)
+    batch, target = make_batch(*load_pairs(args, dictionary), dictionary, args.device)
     ntokens = int(target.ne(dictionary.pad()).sum())
-    logger.info(f"{args.arch}, {len(batch['src_tokens'])} sentences, {ntokens} target tokens, device {args.device}, "
+    sentences = len(batch["src_tokens"])
+    logger.info(f"{args.arch}, {sentences} sentences, {ntokens} target tokens, device {args.device}, "
                 f"torch threads {torch.get_num_threads()}")
 
-    models = {fn: build_model(args, fn, dictionary) for fn in args.functions}
-    for model in models.values():
-        for layer in model.decoder.layers:
-            # as fairseq-generate's make_generation_fast_: weights only for the alignment layer
-            layer.need_attn = False
+    from fairseq_sparse.attention import get_attention
+
+    models, sublayers = {}, {}
+    for fn in functions:
+        sublayers[fn] = placement(fn, get_attention(fn).self_attention_only)
+        models[fn] = build(args.arch, dictionary, args.seed, args.device, attn_k=args.k,
+                           **{f"{s}_attn_fn": fn for s in sublayers[fn]})
     optimizers = {fn: torch.optim.Adam(m.parameters(), lr=1e-4) for fn, m in models.items()}
 
     def train_step(fn):
@@ -139,41 +99,24 @@ def main(argv=None) -> Dict[str, Dict[str, float]]:
         loss.backward()
         optimizers[fn].step()
 
-    generators = {
-        fn: SequenceGenerator([models[fn]], dictionary, beam_size=args.beam, max_len_a=0, max_len_b=args.decode_len, min_len=args.decode_len)
-        for fn in args.functions
-    }
-
-    def decode(fn):
-        models[fn].eval()
-        with torch.no_grad():
-            generators[fn].generate([models[fn]], {"net_input": {k: batch[k] for k in ("src_tokens", "src_lengths")}})
-
-    times: Dict[str, Dict[str, List[float]]] = {fn: {"train": [], "decode": []} for fn in args.functions}
-    for fn in args.functions:  # warm-up, untimed
+    decoders = {fn: forced_length_decoder(models[fn], dictionary, args.beam, args.decode_len) for fn in functions}
+    jobs = {}
+    for fn in functions:
         if not args.skip_train:
-            train_step(fn)
-        decode(fn)
-    for rep in range(args.repeats):
-        for fn in args.functions:
-            if not args.skip_train:
-                times[fn]["train"].append(timed(lambda: train_step(fn), args.device))
-            times[fn]["decode"].append(timed(lambda: decode(fn), args.device))
-        logger.info(f"repetition {rep + 1}/{args.repeats} done")
+            jobs[(fn, "train")] = lambda fn=fn: train_step(fn)
+        jobs[(fn, "decode")] = lambda fn=fn: decoders[fn](batch)
+    seconds = interleaved_medians(jobs, args.repeats, args.device, log=logger.info)
 
-    sentences = len(batch["src_tokens"])
-    results = {}
-    header = f"| function | sublayers | train tok/s | train ratio | decode sent/s (beam {args.beam}) | decode ratio |"
-    print("\n" + header)
+    print(f"\n| function | sublayers | train tok/s | train ratio | decode sent/s (beam {args.beam}) | decode ratio |")
     print("|---|---|---:|---:|---:|---:|")
-    base = {kind: statistics.median(times["softmax"][kind]) if times["softmax"][kind] else float("nan") for kind in ("train", "decode")}
-    for fn in args.functions:
-        train = statistics.median(times[fn]["train"]) if times[fn]["train"] else float("nan")
-        dec = statistics.median(times[fn]["decode"])
-        results[fn] = {"train_ratio": base["train"] / train, "decode_ratio": base["decode"] / dec}
-        sublayers = "+".join(PLACEMENT.get(fn, ALL_SUBLAYERS))
-        print(f"| {fn} | {sublayers} | {ntokens / train:,.0f} | {results[fn]['train_ratio']:.2f}x | "
-              f"{sentences / dec:,.1f} | {results[fn]['decode_ratio']:.2f}x |")
+    results = {}
+    for fn in functions:
+        train = seconds.get((fn, "train"), float("nan"))
+        decode = seconds[(fn, "decode")]
+        results[fn] = {"train_ratio": seconds.get(("softmax", "train"), float("nan")) / train,
+                       "decode_ratio": seconds[("softmax", "decode")] / decode}
+        print(f"| {fn} | {'+'.join(sublayers[fn])} | {ntokens / train:,.0f} | {results[fn]['train_ratio']:.2f}x | "
+              f"{sentences / decode:,.1f} | {results[fn]['decode_ratio']:.2f}x |")
     print(f"\nmedian of {args.repeats} interleaved repetitions; ratio = softmax time / function time "
           f"(>1 is faster); decode = {args.decode_len} forced steps, beam {args.beam}, batch {sentences}")
     return results

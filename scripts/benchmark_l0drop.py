@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Decode throughput of L0Drop: compressed vs uncompressed memory vs a softmax baseline, as ratios.
+
+For subword-like and character-like inputs (different vocabulary and sentence
+lengths), one run builds a softmax Transformer and the same model with L0Drop gates
+(identical shared weights), sets the gates so that ``--sparsity`` of the source
+encodings are pruned (by a quantile of log alpha over the batch: the same sparsity
+a trained model would reach, without training one), and times forced-length beam
+search (min_len = max_len) of the three, interleaved, median of ``--repeats``.
+
+    python scripts/benchmark_l0drop.py                       # CPU, both levels, 45% sparsity
+    python scripts/benchmark_l0drop.py --device cuda --batch-size 32 --arch transformer_sparse
+
+Timings are not tests: this script asserts nothing.
+"""
+
+import argparse
+import logging
+import math
+import sys
+
+import torch
+
+import fairseq_sparse  # noqa: F401
+from fairseq_sparse.benchmarking import build, forced_length_decoder, interleaved_medians, make_batch, random_sentences, synthetic_dictionary
+from fairseq_sparse.models.sparse_transformer import SparseTransformerEncoder
+from fairseq_sparse.modules.l0drop import GAMMA, ZETA
+
+logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stdout, force=True)
+logger = logging.getLogger("fairseq_sparse.benchmark_l0drop")
+
+# vocabulary size, max source length, decoding steps
+LEVELS = {"subword": (8000, 32, 30), "char": (300, 160, 150)}
+# g_hat = clamp(sigmoid(a) * (zeta - gamma) + gamma, 0, 1) is 0 exactly when a <= this
+CLOSING_LOG_ALPHA = -math.log((ZETA - GAMMA) / -GAMMA - 1)
+
+
+def prune_fraction(model, batch, sparsity: float, seed: int) -> float:
+    """Set random gate weights and a bias that closes ``sparsity`` of the batch's encodings."""
+    gate = model.encoder.l0drop_gate.log_alpha
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        gate.weight.copy_(torch.randn(gate.weight.shape, generator=gen).to(gate.weight.device))
+        gate.bias.zero_()
+        encoded = SparseTransformerEncoder.forward(model.encoder.eval(), batch["src_tokens"], batch["src_lengths"])
+        real = batch["src_tokens"].ne(model.encoder.padding_idx).t()
+        scores = gate(encoded["encoder_out"][0]).squeeze(-1)[real]
+        gate.bias.fill_(CLOSING_LOG_ALPHA - torch.quantile(scores.float(), sparsity).item())
+        closed = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])["l0drop_closed"][0]
+    return closed.sum().item() / real.sum().item()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", nargs="+", choices=sorted(LEVELS), default=["subword", "char"])
+    parser.add_argument("--sparsity", type=float, default=0.45, help="fraction of source encodings pruned")
+    parser.add_argument("--arch", default="transformer_sparse_iwslt_de_en")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    rows = []
+    for level in args.levels:
+        vocab, src_len, steps = LEVELS[level]
+        dictionary = synthetic_dictionary(vocab)
+        sources = random_sentences(dictionary, args.batch_size, src_len, args.seed)
+        batch, _ = make_batch(sources, sources, dictionary, args.device)
+        baseline = build(args.arch, dictionary, args.seed, args.device)
+        gated = build(args.arch, dictionary, args.seed, args.device, l0drop=True)
+        achieved = prune_fraction(gated, batch, args.sparsity, args.seed)
+        decode_baseline = forced_length_decoder(baseline, dictionary, args.beam, steps)
+        decode_gated = forced_length_decoder(gated, dictionary, args.beam, steps)
+
+        def with_compression(compress):
+            def job():
+                gated.encoder.compress = compress
+                decode_gated(batch)
+            return job
+
+        logger.info(f"{level}: {len(sources)} sentences of {src_len // 2}-{src_len} tokens, {steps} steps, "
+                    f"sparsity {achieved:.1%}")
+        seconds = interleaved_medians(
+            {"baseline": lambda: decode_baseline(batch), "uncompressed": with_compression(False), "compressed": with_compression(True)},
+            args.repeats, args.device, log=logger.info,
+        )
+        rows.append((level, achieved, seconds, len(sources)))
+
+    print(f"\n| input | sparsity | baseline sent/s | uncompressed / baseline | compressed / baseline | compressed / uncompressed |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for level, achieved, s, n in rows:
+        print(f"| {level} | {achieved:.1%} | {n / s['baseline']:.2f} | {s['baseline'] / s['uncompressed']:.2f}x | "
+              f"{s['baseline'] / s['compressed']:.2f}x | {s['uncompressed'] / s['compressed']:.2f}x |")
+    print(f"\n{args.arch}, beam {args.beam}, forced-length decoding, median of {args.repeats} interleaved repetitions; "
+          "ratio = reference time / time (>1 is faster)")
+
+
+if __name__ == "__main__":
+    main()

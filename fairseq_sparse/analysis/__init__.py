@@ -1,0 +1,8 @@
+"""Attention analysis for fairseq-sparse checkpoints (``python -m fairseq_sparse.analysis``).
+
+Each metric is a plain function on tensors (``sparsity``, ``diversity``, ``alignment``,
+``l0drop_stats``); ``collect`` runs teacher-forced passes and records per-head attention;
+``report`` writes Markdown, CSV and PNG; ``cli`` wires them into subcommands.
+"""
+
+SUBLAYERS = ("encoder", "decoder", "cross")  # encoder self-, decoder self-, encoder-decoder attention

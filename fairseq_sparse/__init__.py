@@ -3,6 +3,7 @@
 from . import checkpoint_loading  # noqa: F401  (first: makes fairseq checkpoints loadable on torch >= 2.6)
 from . import attention  # noqa: F401
 from .models import l0drop, sparse_transformer  # noqa: F401
+from .models import presets_topk_paper  # noqa: F401  (the Extremely Sparse Transformer paper's architectures)
 from .criterions import l0drop as l0drop_criterion  # noqa: F401
 
 __version__ = "0.1.0"

@@ -47,7 +47,8 @@ for fn in $FUNCTIONS; do
     echo "=== $fn: decoding $TEST_PAIRS held-out verses (beam 4)"
     start=$(date +%s)
     $BIN/fairseq-generate "$DATA/bin" --user-dir fairseq_sparse --path "$save/checkpoint_last.pt" \
-        --beam 4 --lenpen 1.0 --batch-size 64 --cpu --post-process subword_nmt > "$OUT/generate.$fn.log" 2>&1 \
+        --beam 4 --lenpen 1.0 --batch-size 64 --required-batch-size-multiple 1 --cpu --post-process subword_nmt \
+        > "$OUT/generate.$fn.log" 2>&1 \
         || { tail -20 "$OUT/generate.$fn.log"; exit 1; }
     decoded=$(( $(date +%s) - start ))
     $BIN/python -m fairseq_sparse.evaluate "$OUT/generate.$fn.log" "$DATA/test.raw.en" --lang en \

@@ -36,6 +36,14 @@ CASES = {
     "rela_g_layernorm": Case(null_attention=True, output_norm=True),
     "rela_g_gelu": Case(output_norm=True),
     "rela_g_leaky_relu": Case(output_norm=True),
+    # Structured patterns (fairseq_sparse/attention/structured.py); k=3 leaves some keys out.
+    "block": Case(self_only=True),
+    "window": Case(self_only=True),
+    "dilated": Case(self_only=True),
+    "global": Case(self_only=True),
+    "random": Case(),
+    "bigbird": Case(k=4, self_only=True),  # k=4: one global, a window of two, one random
+    "topk_oow": Case(self_only=True),
 }
 
 NAMES = sorted(CASES)

@@ -138,6 +138,15 @@ def test_main_end_to_end(db, tmp_path, level):
         assert (out / "train.sentcount").read_text().split() == ["3", "2", "2"]
         assert (out / "train.raw.en").read_text(encoding="utf-8").splitlines()[1] == (
             "The heavens and the earth were finished. God rested on the seventh day.")
+        # one verse a line as well: consecutive lines joined by sentcount give the chapters back
+        for split in expected:
+            counts = [int(x) for x in (out / f"{split}.sentcount").read_text().split()]
+            for kind in ("", ".raw"):
+                chapters = (out / f"{split}{kind}.en").read_text(encoding="utf-8").splitlines()
+                verses = (out / f"{split}.sentences{kind}.en").read_text(encoding="utf-8").splitlines()
+                assert len(verses) == sum(counts)
+                starts = [sum(counts[:i]) for i in range(len(counts))]
+                assert [" ".join(verses[a:a + n]) for a, n in zip(starts, counts)] == chapters
     else:
         assert (out / "valid.tok.en").read_text(encoding="utf-8").splitlines()[0] == (
             "The beginning of the gospel of Jesus Christ .")

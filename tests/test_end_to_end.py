@@ -56,6 +56,8 @@ def generate(bible, checkpoint, *extra):
     return run(
         "fairseq-generate", bible / "bin", "--user-dir", USER_DIR, "--path", checkpoint, "--beam", "4",
         "--batch-size", "16", "--max-len-a", "1.2", "--max-len-b", "5", "--cpu", "--scoring", "sacrebleu",
+        # fairseq otherwise drops a last batch whose size is not a multiple of 8
+        "--required-batch-size-multiple", "1",
         "--post-process", "subword_nmt", *extra,
     )
 

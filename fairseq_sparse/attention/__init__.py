@@ -1,4 +1,5 @@
 from . import functions  # noqa: F401  (registers the functions)
+from . import structured  # noqa: F401  (registers the structured patterns and Top-k OOW)
 from .registry import (  # noqa: F401
     AttentionContext,
     AttentionSpec,

@@ -1,0 +1,235 @@
+"""Predefined (structured) sparse attention patterns and Top-k (OOW), all parametrised by k.
+
+These are the baselines of the Extremely Sparse Transformer paper (section 4.3): each
+query attends to k positions chosen by a fixed rule (block, window, dilated, global,
+random, BigBird) or, for ``topk_oow``, k/2 by a window and k/2 by its scores.
+
+Every rule is written over *positions* (``ctx.query_positions``/``ctx.key_positions``:
+real-token positions, padding not counted), never tensor indices, and over the keys the
+query may see (the mask: causal future and padding). So a left-padded sentence, the same
+sentence alone, and incremental decoding (where the cache holds exactly the causally
+visible keys) select the same keys. "Nearest" rules pick among *visible* keys, which is
+what makes the causal window the query and its k-1 predecessors without the function
+having to know whether it runs causally.
+
+Neighbour order (``window``, ``dilated``, the window part of ``bigbird``/``topk_oow``):
+keys are ranked by distance |j - i| to the query position i; at equal distance the
+earlier key (j < i) comes first. The query itself (distance 0) is always first.
+
+Softmax runs over the selected, unmasked keys; a query left with no key gets weights 0
+and output 0.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .functions import _attend, masked_softmax, topk_mask
+from .registry import AttentionContext, AttentionOutput, register_attention
+
+# Distance between attended neighbours of `dilated`: every other position, so a query
+# never sees its odd-distance neighbours (the "holes" of a dilated convolution).
+DILATION = 2
+# Ranks are int64; this one sorts after every real rank.
+_NEVER = torch.iinfo(torch.int64).max
+_POSITION_BITS = 21  # random ranks append the key position (< 2M tokens) to break hash ties
+_HASH_MASK = 0xFFFFFFFF
+
+
+def _positions(scores: Tensor, ctx: AttentionContext) -> Tuple[Tensor, Tensor]:
+    """Query positions (B|1, 1, T, 1) and key positions (B|1, 1, 1, S) as long tensors.
+
+    Without positions in ctx (a bare call, no module), keys are 0..S-1 and
+    self-attention queries are the last T keys, cross-attention queries 0..T-1.
+    """
+    num_queries, num_keys = scores.shape[-2:]
+    if ctx.query_positions is not None and ctx.key_positions is not None:
+        return ctx.query_positions.unsqueeze(-1), ctx.key_positions.unsqueeze(-2)
+    keys = torch.arange(num_keys, device=scores.device)
+    queries = keys[-num_queries:] if ctx.self_attention and num_queries <= num_keys else torch.arange(num_queries, device=scores.device)
+    return queries.view(1, 1, -1, 1), keys.view(1, 1, 1, -1)
+
+
+def _visible(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """Boolean, broadcastable to scores: True where the query may see the key."""
+    if mask is None:
+        return torch.ones(1, 1, 1, 1, dtype=torch.bool, device=scores.device)
+    return ~mask
+
+
+def smallest_ranks(rank: Tensor, allowed: Tensor, n: int) -> Tensor:
+    """The ``n`` allowed keys of smallest rank for each query (every allowed key when fewer).
+
+    rank: (..., T, S) int64, distinct within a query row; allowed: bool, broadcastable.
+    Returns a bool tensor of the broadcast shape. Distinct ranks make the count exact.
+    """
+    rank, allowed = torch.broadcast_tensors(rank, allowed)
+    if n <= 0:
+        return torch.zeros_like(allowed)
+    if n >= rank.size(-1):
+        return allowed
+    ranked = rank.masked_fill(~allowed, _NEVER)
+    threshold = ranked.topk(n, dim=-1, largest=False, sorted=False).values.amax(dim=-1, keepdim=True)
+    return allowed & (ranked <= threshold)
+
+
+def neighbour_rank(query_pos: Tensor, key_pos: Tensor) -> Tensor:
+    """Rank of each key in the neighbour order of its query: 0 itself, 1 the key before,
+    2 the key after, 3 two before, ... (distinct per query)."""
+    offset = key_pos - query_pos
+    return 2 * offset.abs() - (offset < 0).long()
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (xor-shift-multiply rounds) on int64 tensors holding values < 2**32.
+
+    The multipliers are below 2**31, so every product fits in int64 without overflow.
+    """
+    x = x & _HASH_MASK
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _HASH_MASK
+    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & _HASH_MASK
+    return x ^ (x >> 16)
+
+
+def random_rank(query_pos: Tensor, key_pos: Tensor, seed: int) -> Tensor:
+    """A pseudo-random rank per (seed, query position, key position), distinct per query.
+
+    hash = mix(mix(mix(seed) ^ query) ^ key); the key position in the low bits breaks
+    ties between equal hashes. Nothing else enters, so the choice is the same in full
+    and incremental passes and with any padding.
+    """
+    seeded = _mix32(torch.tensor(seed, dtype=torch.long, device=query_pos.device))
+    hashed = _mix32(_mix32(seeded ^ query_pos) ^ key_pos)
+    return (hashed << _POSITION_BITS) | (key_pos.clamp(min=0) & ((1 << _POSITION_BITS) - 1))
+
+
+def pattern_selection(
+    query_pos: Tensor, key_pos: Tensor, visible: Tensor, num_global: int, num_window: int, num_random: int, seed: int
+) -> Tensor:
+    """Keys selected by a global + window + random pattern, each part among keys not yet taken.
+
+    The first ``num_global`` positions are global: a global query sees every visible key,
+    every other query sees the visible global keys, then its ``num_window`` nearest
+    visible non-global keys, then ``num_random`` random ones among the rest. A
+    non-global query therefore attends to exactly min(total, visible) keys.
+    """
+    global_keys = visible & (key_pos < num_global)
+    rest = visible & ~global_keys
+    window = smallest_ranks(neighbour_rank(query_pos, key_pos), rest, num_window)
+    rest = rest & ~window
+    chosen = global_keys | window | smallest_ranks(random_rank(query_pos, key_pos, seed), rest, num_random)
+    return chosen | (visible & (query_pos < num_global))
+
+
+def _softmax_over(selected: Tensor, scores: Tensor, values: Tensor, ctx: AttentionContext) -> AttentionOutput:
+    weights = masked_softmax(scores, ~selected)
+    return _attend(weights, values, ctx), weights
+
+
+def bigbird_split(k: int) -> Tuple[int, int, int]:
+    """(global, window, random) sizes of BigBird: k/4 global, k/4 random, the rest (k/2) window."""
+    quarter = k // 4
+    return quarter, k - 2 * quarter, quarter
+
+
+def topk_oow_split(k: int) -> Tuple[int, int]:
+    """(window, top-k) sizes of Top-k (OOW): a window of ceil(k/2), top-floor(k/2) outside it."""
+    return k - k // 2, k // 2
+
+
+@register_attention("block", uses_k=True, uses_positions=True, self_attention_only=True)
+def block_attention(scores, values, mask, ctx) -> AttentionOutput:
+    """Block attention: positions are cut into blocks of k; a query attends within its block.
+
+    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    Block of position p is p // k; causally, a query sees its block up to itself.
+    """
+    query_pos, key_pos = _positions(scores, ctx)
+    selected = _visible(scores, mask) & (key_pos // ctx.k == query_pos // ctx.k)
+    return _softmax_over(selected, scores, values, ctx)
+
+
+@register_attention("window", uses_k=True, uses_positions=True, self_attention_only=True)
+def window_attention(scores, values, mask, ctx) -> AttentionOutput:
+    """Window attention: each query attends to its k nearest visible positions.
+
+    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    Neighbour order: itself, then by distance, the earlier key first on a tie. Causal:
+    the query and its k-1 predecessors. Bidirectional: i-ceil((k-1)/2)..i+floor((k-1)/2)
+    (one more before than after when k is even), shifted inwards at the sequence ends.
+    """
+    query_pos, key_pos = _positions(scores, ctx)
+    selected = smallest_ranks(neighbour_rank(query_pos, key_pos), _visible(scores, mask), ctx.k)
+    return _softmax_over(selected, scores, values, ctx)
+
+
+@register_attention("dilated", uses_k=True, uses_positions=True, self_attention_only=True)
+def dilated_attention(scores, values, mask, ctx) -> AttentionOutput:
+    """Dilated attention: the k nearest visible positions at even distance (dilation 2).
+
+    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    Causal: i, i-2, ..., i-2(k-1). Bidirectional: i, i-2, i+2, i-4, ... Odd-distance
+    neighbours are never attended.
+    """
+    query_pos, key_pos = _positions(scores, ctx)
+    on_lattice = (key_pos - query_pos).remainder(DILATION) == 0
+    selected = smallest_ranks(neighbour_rank(query_pos, key_pos), _visible(scores, mask) & on_lattice, ctx.k)
+    return _softmax_over(selected, scores, values, ctx)
+
+
+@register_attention("global", uses_k=True, uses_positions=True, self_attention_only=True)
+def global_attention(scores, values, mask, ctx) -> AttentionOutput:
+    """Global attention: positions 0..k-1 attend to all and are attended by all; nothing local.
+
+    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    All k go to global positions (the paper: most tokens only see the first part of the
+    sequence), so a query at position >= k does not attend to itself.
+    """
+    query_pos, key_pos = _positions(scores, ctx)
+    selected = pattern_selection(query_pos, key_pos, _visible(scores, mask), ctx.k, 0, 0, ctx.seed)
+    return _softmax_over(selected, scores, values, ctx)
+
+
+@register_attention("random", uses_k=True, uses_positions=True)
+def random_attention(scores, values, mask, ctx) -> AttentionOutput:
+    """Random attention: k visible keys per query, chosen by a hash of (seed, query position, key position).
+
+    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    Works in cross-attention (query position = target step). Same keys for every head.
+    """
+    query_pos, key_pos = _positions(scores, ctx)
+    selected = smallest_ranks(random_rank(query_pos, key_pos, ctx.seed), _visible(scores, mask), ctx.k)
+    return _softmax_over(selected, scores, values, ctx)
+
+
+@register_attention("bigbird", uses_k=True, uses_positions=True, self_attention_only=True)
+def bigbird_attention(scores, values, mask, ctx) -> AttentionOutput:
+    """BigBird: k/4 global positions, then a window of k/2, then k/4 random keys (disjoint parts).
+
+    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    Split by ``bigbird_split``: global = random = k // 4, window = k - 2 * (k // 4).
+    """
+    query_pos, key_pos = _positions(scores, ctx)
+    num_global, num_window, num_random = bigbird_split(ctx.k)
+    selected = pattern_selection(query_pos, key_pos, _visible(scores, mask), num_global, num_window, num_random, ctx.seed)
+    return _softmax_over(selected, scores, values, ctx)
+
+
+@register_attention("topk_oow", uses_k=True, uses_positions=True, self_attention_only=True)
+def topk_oow_attention(scores, values, mask, ctx) -> AttentionOutput:
+    """Top-k (OOW): a window of ceil(k/2) nearest keys plus the top-floor(k/2) scores outside it.
+
+    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    The window follows ``window``'s neighbour order; the top-k part is ``topk`` over the
+    visible keys outside the window (ties at the threshold are all kept).
+    """
+    query_pos, key_pos = _positions(scores, ctx)
+    num_window, num_top = topk_oow_split(ctx.k)
+    visible = _visible(scores, mask)
+    window = smallest_ranks(neighbour_rank(query_pos, key_pos), visible, num_window)
+    selected = window
+    if num_top > 0:
+        hidden_outside = ~(visible & ~window)
+        selected = window | ~topk_mask(scores, hidden_outside.expand_as(scores), num_top)
+    return _softmax_over(selected, scores, values, ctx)

@@ -138,25 +138,24 @@ def main(argv=None) -> float:
     if args.documents:
         return main_documents(args)
     hyps = read_hypotheses(args.generate_output, args.lang, args.detok)
-    refs = Path(args.references).read_text(encoding="utf-8").splitlines()
-    score, signature = corpus_bleu(hyps, refs, args.tokenize, args.lowercase)
-    if args.hypotheses_out:
-        Path(args.hypotheses_out).write_text("\n".join(hyps) + "\n", encoding="utf-8")
-    print(f"BLEU = {score.score:.2f} ({score})")
-    print(f"sacreBLEU signature: {signature}")
-    return score.score
+    return score_and_report(hyps, args, "BLEU")
 
 
 def main_documents(args) -> float:
     """d-BLEU of block translations against whole-document references."""
     blocks = read_hypotheses(args.generate_output, args.lang, detok="none")
-    refs = Path(args.references).read_text(encoding="utf-8").splitlines()
     detokenize = detokenizer(args.lang, args.detok)
     documents = documents_from_blocks(blocks, read_block_documents(args.documents), detokenize, args.separator)
-    score, signature = corpus_bleu(documents, refs, args.tokenize, args.lowercase)
+    return score_and_report(documents, args, "d-BLEU", f" over {len(documents)} documents")
+
+
+def score_and_report(hypotheses: List[str], args, label: str, note: str = "") -> float:
+    """sacreBLEU of ``hypotheses`` against ``args.references``; prints the score and its signature."""
+    refs = Path(args.references).read_text(encoding="utf-8").splitlines()
+    score, signature = corpus_bleu(hypotheses, refs, args.tokenize, args.lowercase)
     if args.hypotheses_out:
-        Path(args.hypotheses_out).write_text("\n".join(documents) + "\n", encoding="utf-8")
-    print(f"d-BLEU = {score.score:.2f} ({score}) over {len(documents)} documents")
+        Path(args.hypotheses_out).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    print(f"{label} = {score.score:.2f} ({score}){note}")
     print(f"sacreBLEU signature: {signature}")
     return score.score
 

@@ -162,11 +162,14 @@ class SparseTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        from .l0drop import l0drop_defaults
+        from .l0drop import l0drop_defaults, uses_gated_encoder
 
         sparse_attention_defaults(args)
         l0drop_defaults(args)
         validate_sparse_attention_args(args)
+        # fairseq builds the criterion right after the model, from the same task: this lets
+        # label_smoothed_cross_entropy_l0drop refuse a model without gates at start-up
+        task.model_has_l0drop_gates = uses_gated_encoder(args)
         return super().build_model(args, task)
 
     def set_num_updates(self, num_updates):

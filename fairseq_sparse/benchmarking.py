@@ -82,12 +82,17 @@ def timed(fn: Callable[[], None], device: str) -> float:
 
 
 def interleaved_medians(jobs: Dict[str, Callable[[], None]], repeats: int, device: str, log=print) -> Dict[str, float]:
-    """One untimed warm-up each, then ``repeats`` rounds over all jobs in turn; median seconds per job."""
+    """One untimed warm-up each, then ``repeats`` rounds over all jobs in turn; median seconds per job.
+
+    The order rotates every round, so no job always runs first (after the previous round's last).
+    """
     for job in jobs.values():
         job()
+    names = list(jobs)
     times: Dict[str, List[float]] = {name: [] for name in jobs}
     for rep in range(repeats):
-        for name, job in jobs.items():
-            times[name].append(timed(job, device))
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(timed(jobs[name], device))
         log(f"repetition {rep + 1}/{repeats} done")
     return {name: statistics.median(values) for name, values in times.items()}

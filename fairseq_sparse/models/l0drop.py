@@ -30,7 +30,6 @@ from .sparse_transformer import SparseTransformerDecoder, SparseTransformerEncod
 
 logger = logging.getLogger(__name__)
 
-GATE_KEYS = ("l0drop_expected_l0", "l0drop_closed", "encoder_key_counts")
 
 
 def add_l0drop_args(parser) -> None:
@@ -122,10 +121,11 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
         return out
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
+        # Beam search reorders every step: carry the key counts along, and drop the gate
+        # statistics, which only the criterion reads (from a forward pass, never reordered).
         reordered = super().reorder_encoder_out(encoder_out, new_order)
-        for key in GATE_KEYS:
-            if encoder_out.get(key):
-                reordered[key] = [encoder_out[key][0].index_select(0, new_order)]
+        if encoder_out.get("encoder_key_counts"):
+            reordered["encoder_key_counts"] = [encoder_out["encoder_key_counts"][0].index_select(0, new_order)]
         return reordered
 
 

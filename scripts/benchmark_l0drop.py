@@ -88,7 +88,7 @@ def main(argv=None):
         )
         rows.append((level, achieved, seconds, len(sources)))
 
-    print(f"\n| input | sparsity | baseline sent/s | uncompressed / baseline | compressed / baseline | compressed / uncompressed |")
+    print("\n| input | sparsity | baseline sent/s | uncompressed / baseline | compressed / baseline | compressed / uncompressed |")
     print("|---|---:|---:|---:|---:|---:|")
     for level, achieved, s, n in rows:
         print(f"| {level} | {achieved:.1%} | {n / s['baseline']:.2f} | {s['baseline'] / s['uncompressed']:.2f}x | "

@@ -23,7 +23,7 @@ import torch
 from fairseq.data import Dictionary, data_utils
 
 import fairseq_sparse  # noqa: F401
-from fairseq_sparse.attention import attention_names
+from fairseq_sparse.attention import attention_names, get_attention
 from fairseq_sparse.benchmarking import build, forced_length_decoder, interleaved_medians, make_batch, random_sentences, synthetic_dictionary
 
 logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stdout, force=True)
@@ -81,8 +81,6 @@ def main(argv=None) -> Dict[str, Dict[str, float]]:
     sentences = len(batch["src_tokens"])
     logger.info(f"{args.arch}, {sentences} sentences, {ntokens} target tokens, device {args.device}, "
                 f"torch threads {torch.get_num_threads()}")
-
-    from fairseq_sparse.attention import get_attention
 
     models, sublayers = {}, {}
     for fn in functions:

@@ -4,7 +4,6 @@ A few hundred German-English verse pairs from the offline Bible corpus
 (data-prep/bible.py), a tiny transformer_sparse_mini, a few updates per function.
 """
 
-import os
 import re
 import subprocess
 import sys

@@ -1,6 +1,5 @@
 """L0Drop: hard-concrete gates, the L0 criterion and the count-aware compressed decoder."""
 
-import argparse
 
 import pytest
 import torch

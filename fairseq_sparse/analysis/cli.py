@@ -130,11 +130,9 @@ def run_aer(model, task, args) -> List[dict]:
     pad = src_dict.pad()
     counts: Dict = defaultdict(lambda: [0, 0, 0, 0])
     sentences = skipped = 0
-    num_heads = None
     limit = len(gold) if args.max_sentences is None else min(len(gold), args.max_sentences)
     for batch in batches(model, task, args.split, args.max_tokens, limit, cpu=args.cpu):
         cross = batch.weights["cross"]  # (L, H, B, T, S)
-        num_heads = cross.size(1)
         for b in range(cross.size(2)):
             sid = int(batch.ids[b])
             src_pos, tgt_pos = batch.sentence(b, pad)

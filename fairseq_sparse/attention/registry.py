@@ -21,10 +21,9 @@ attention module owns the resulting modules and hands them over in ``ctx``.
 Adding a method costs one function and one ``@register_attention`` line.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-import torch
 from torch import Tensor, nn
 
 AttentionOutput = Tuple[Tensor, Optional[Tensor]]

@@ -31,7 +31,6 @@ from .sparse_transformer import SparseTransformerDecoder, SparseTransformerEncod
 logger = logging.getLogger(__name__)
 
 
-
 def add_l0drop_args(parser) -> None:
     parser.add_argument("--l0drop", action="store_true",
                         help="L0Drop: hard-concrete gates on the encoder outputs (train with "

@@ -34,14 +34,18 @@ def sparsity_rate(model, task, split: str, max_tokens: int, cpu: bool) -> dict:
     return {"split": split, "sentences": sentences, "source_tokens": real, "pruned": closed, "sparsity": closed / max(real, 1)}
 
 
-def main(argv=None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", help="binarised data directory")
     parser.add_argument("--path", required=True, help="checkpoint of a transformer_sparse model with --l0drop or a prune pattern")
     parser.add_argument("--split", default="test")
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--cpu", action="store_true", help="stay on the CPU even if a GPU is available")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
     if not Path(args.path).is_file():
         sys.exit(f"sparsity: error: no such checkpoint: {args.path}")
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides={"data": args.data})

@@ -70,10 +70,9 @@ def parse_flags(args: str | Sequence[str] | None) -> List[Tuple[str, List[str]]]
 
 def merge_args(*parts: str | Sequence[str] | None, drop: Sequence[str] = ()) -> List[str]:
     """Merge command-line fragments flag by flag: a later ``--flag`` replaces an earlier one."""
-    merged: Dict[str, List[str]] = {}
+    merged: Dict[str, List[str]] = {}  # a replaced flag keeps its first position: same flags, same command
     for part in parts:
         for flag, values in parse_flags(part):
-            merged.pop(flag, None)  # re-inserting keeps the later position
             merged[flag] = values
     return [token for flag, values in merged.items() if flag not in drop for token in ([flag] if flag else []) + values]
 
@@ -121,6 +120,8 @@ class Row:
     reuse: Optional[str] = None
     finetune_from: Optional[str] = None
     setting: Optional[str] = None  # a paper setting replacing the dataset's for this row (e.g. big vs base)
+    datasets: Optional[List[str]] = None  # only these datasets (default: all of the table's)
+    args_by_dataset: Dict[str, str] = field(default_factory=dict)  # extra training arguments per dataset
     may_fail: bool = False  # the paper reports that this model fails to train: a failure is a result, not an error
     x: Optional[float] = None
     paper: Dict[str, float] = field(default_factory=dict)
@@ -139,6 +140,7 @@ class Table:
     smoke: dict
     plot: Optional[dict]
     path: Path
+    heatmap: Optional[dict] = None
     settings: Dict[str, dict] = field(default_factory=dict)
 
     def row(self, row_id: str) -> Row:
@@ -232,6 +234,9 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
                 raise ConfigError(f"{where}: {what} {ref!r} must name an earlier row (earlier: {seen})")
         if r.reuse and r.finetune_from:
             raise ConfigError(f"{where}: a row either reuses or fine-tunes, not both")
+        for ds_id in list(r.datasets or []) + list(r.args_by_dataset or {}):
+            if ds_id not in datasets:
+                raise ConfigError(f"{where}: dataset {ds_id!r} is not among the table's datasets {sorted(datasets)}")
         if r.setting is not None and r.setting not in settings:
             raise ConfigError(f"{where}: setting {r.setting!r} is not in papers/{spec['paper']}.yaml (known: {sorted(settings)})")
         unknown = set(r.paper or {}) - set(column_ids)
@@ -240,14 +245,24 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
         seen.append(r.id)
     plot = spec.get("plot")
     if plot:
-        for y in plot.get("y", []):
-            if y not in column_ids:
-                raise ConfigError(f"{path}: plot y {y!r} is not a column")
-        if plot.get("x", "row") != "row" and plot["x"] not in column_ids:
-            raise ConfigError(f"{path}: plot x {plot['x']!r} is neither 'row' nor a column")
+        lines = plot.get("series") or [{"x": plot.get("x", "row"), "y": y} for y in plot.get("y", [])]
+        if not lines:
+            raise ConfigError(f"{path}: plot needs 'y' (column ids) or 'series' ([{{x, y, label}}])")
+        for line in lines:
+            if line.get("y") not in column_ids:
+                raise ConfigError(f"{path}: plot y {line.get('y')!r} is not a column")
+            if line.get("x", "row") != "row" and line["x"] not in column_ids:
+                raise ConfigError(f"{path}: plot x {line['x']!r} is neither 'row' nor a column")
+    heatmap = spec.get("heatmap")
+    if heatmap:
+        unknown = set(heatmap) - {"rows", "dataset", "sentences", "sublayer", "layer", "head", "split"}
+        if unknown:
+            raise ConfigError(f"{path}: heatmap: unknown key(s) {sorted(unknown)}")
+        if heatmap.get("dataset") not in datasets or not heatmap.get("rows") or set(heatmap["rows"]) - set(row_ids):
+            raise ConfigError(f"{path}: heatmap needs 'dataset' (one of the table's) and 'rows' (row ids)")
     return Table(name=spec["name"], title=spec["title"], source=spec.get("source", ""), notes=spec.get("notes", "") or "",
                  profile=profile, datasets=datasets, columns=columns, rows=rows, smoke=smoke, plot=plot, path=path,
-                 settings=settings)
+                 settings=settings, heatmap=heatmap)
 
 
 # ----------------------------------------------------------------------------- plan
@@ -328,7 +343,7 @@ class Plan:
         extra = []
         if row.finetune_from:
             extra = ["--restore-file", str(self.checkpoint(ds, self.table.row(row.finetune_from), seed)), *FINETUNE_RESETS]
-        argv = merge_args(self.setting(ds, row)["train"], ds.train_args, row.args,
+        argv = merge_args(self.setting(ds, row)["train"], ds.train_args, row.args, (row.args_by_dataset or {}).get(ds.id),
                           self.table.smoke.get("train") if self.smoke else None,
                           drop=self.table.smoke.get("drop", []) if self.smoke else [])
         return [*_tool("fairseq-train"), str(self.data_dir(ds) / "bin"), "--user-dir", str(ROOT / "fairseq_sparse"),
@@ -359,6 +374,9 @@ class Plan:
                               run / "checkpoint_avg.pt", run / "average.log", f"average {row.id} on {ds.id} (seed {seed})",
                               model=key, needs=(key,)))
         return steps
+
+    def applies(self, ds: Dataset, row: Row) -> bool:
+        return row.datasets is None or ds.id in row.datasets
 
     def prunes(self, ds: Dataset, row: Row) -> bool:
         """Whether the row's model removes encoder outputs (L0Drop gates or a rule-based pattern)."""
@@ -423,15 +441,33 @@ class Plan:
                 add(step)
         for ds in used:
             columns = [c for c in self.table.columns if c.dataset == ds.id]
+            rows = [r for r in self.table.rows if self.applies(ds, r)]
             for seed in self.seeds(ds):
-                for row in self.table.rows:
+                for row in rows:
                     for step in self.train_steps(ds, row, seed):
                         add(step)
-                for row in self.table.rows:
+                for row in rows:
                     for col in columns:
                         for step in self.measure_steps(ds, row, col, seed):
                             add(step)
+        if self.table.heatmap:
+            add(self.heatmap_step())
         return steps
+
+    def heatmap_step(self) -> Step:
+        """Attention of chosen sentences, the given rows' models side by side (first seed)."""
+        spec = self.table.heatmap
+        ds = self.table.datasets[spec["dataset"]]
+        rows = [self.table.row(r) for r in spec["rows"]]
+        seed = self.seeds(ds)[0]
+        out = self.out / "heatmap"
+        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "heatmap", str(self.data_dir(ds) / "bin"),
+                "--path", *[str(self.checkpoint(ds, r, seed)) for r in rows], "--labels", *[r.label for r in rows],
+                "--split", spec.get("split", "test"), "--sentences", *[str(s) for s in spec.get("sentences", [0])],
+                "--sublayer", spec.get("sublayer", "cross"), "--layer", str(spec.get("layer", 0)),
+                "--head", str(spec.get("head", "mean")), "--out", str(out)] + (["--cpu"] if self.smoke else [])
+        return Step("heatmap", argv, out / "heatmap.md", self.out / "heatmap.log", "attention heatmaps",
+                    needs=tuple(self.model_key(ds, r, seed) for r in rows))
 
 
 # ----------------------------------------------------------------------------- running
@@ -456,8 +492,8 @@ def run_step(step: Step, index: int, total: int) -> float:
         proc = subprocess.Popen(step.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         for line in proc.stdout:
             log.write(line)
-            if PROGRESS.search(line):
-                print(f"      {line.rstrip()[-160:]}", flush=True)
+            if PROGRESS.search(line):  # drop fairseq's "date time | INFO | logger |" prefix
+                print(f"      {line.rstrip().split(' | ')[-1][:200]}", flush=True)
         status = proc.wait()
     if status != 0:
         raise StepError(f"{step.label} failed (exit status {status}); command:\n  {shlex.join(step.argv)}\n"
@@ -527,8 +563,16 @@ def bleu(plan: Plan, ds: Dataset, col: Column, generated: Path) -> Tuple[float, 
     if col.metric == "tokenized":
         hyps = evaluate.read_hypotheses(str(generated), ds.tgt, detok="none")
         tok = data / f"{col.split}.tok.{ds.tgt}"
-        ref_file = tok if tok.is_file() else data / f"{col.split}.{ds.tgt}"
-        refs = [evaluate.undo_subwords(line) for line in ref_file.read_text(encoding="utf-8").splitlines()]
+        if tok.is_file():
+            refs = tok.read_text(encoding="utf-8").splitlines()
+        elif ds.post_process in ("subword_nmt", "none"):  # the model's own text is Moses-tokenised (+ BPE)
+            refs = [evaluate.undo_subwords(line) for line in (data / f"{col.split}.{ds.tgt}").read_text(encoding="utf-8").splitlines()]
+        else:  # characters / sentencepiece: the text is untokenised, so Moses-tokenise both sides
+            from sacremoses import MosesTokenizer
+
+            moses = MosesTokenizer(lang=ds.tgt)
+            refs = (data / f"{col.split}.raw.{ds.tgt}").read_text(encoding="utf-8").splitlines()
+            hyps, refs = ([moses.tokenize(s, return_str=True, escape=False) for s in side] for side in (hyps, refs))
         if col.compound_split:
             hyps, refs = [compound_split(h) for h in hyps], [compound_split(r) for r in refs]
         score, signature = evaluate.corpus_bleu(hyps, refs, tokenize="none", lowercase=col.lowercase)
@@ -621,6 +665,8 @@ def collect(plan: Plan, failed: set = frozenset()) -> Tuple[Dict[Tuple[str, str]
     for row in plan.table.rows:
         for col in plan.table.columns:
             ds = plan.table.datasets[col.dataset]
+            if not plan.applies(ds, row):
+                continue
             values = []
             for seed in plan.seeds(ds):
                 models = {plan.model_key(ds, row, seed)}
@@ -676,6 +722,10 @@ def write_report(plan: Plan, results: Dict[Tuple[str, str], float], signatures: 
         writer.writerows(records)
     if table.plot:
         write_plot(plan, results)
+    if table.heatmap and (plan.out / "heatmap" / "heatmap.md").is_file():
+        pngs = sorted((plan.out / "heatmap").glob("*.png"))
+        with open(md, "a", encoding="utf-8") as f:
+            f.write("Attention heatmaps: " + ", ".join(f"![{p.name}](heatmap/{p.name})" for p in pngs) + "\n")
     return md
 
 
@@ -686,22 +736,22 @@ def write_plot(plan: Plan, results: Dict[Tuple[str, str], float]) -> Path:
     import matplotlib.pyplot as plt
 
     table, spec = plan.table, plan.table.plot
-    x_key = spec.get("x", "row")
-    rows = [r for r in table.rows if (r.x is not None if x_key == "row" else True)]
+    series = spec.get("series") or [{"x": spec.get("x", "row"), "y": y} for y in spec["y"]]
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for y in spec["y"]:
-        col = next(c for c in table.columns if c.id == y)
+    for line in series:
+        x_key, y = line.get("x", "row"), line["y"]
+        label = line.get("label") or next(c.label for c in table.columns if c.id == y)
         for source, style in (("ours", "-o"), ("paper", "--x")):
             points = []
-            for r in rows:
+            for r in table.rows:
                 value = results.get((r.id, y)) if source == "ours" else (r.paper or {}).get(y)
                 x = r.x if x_key == "row" else (results.get((r.id, x_key)) if source == "ours" else (r.paper or {}).get(x_key))
                 if value is not None and x is not None and value == value and x == x:
                     points.append((x, value))
             if points:
                 points.sort()
-                ax.plot(*zip(*points), style, label=f"{col.label} ({source})")
-    ax.set_xlabel(spec.get("xlabel", x_key))
+                ax.plot(*zip(*points), style, label=f"{label} ({source})")
+    ax.set_xlabel(spec.get("xlabel", series[0].get("x", "row")))
     ax.set_ylabel(spec.get("ylabel", ""))
     if spec.get("xscale"):
         ax.set_xscale(spec["xscale"])
@@ -728,6 +778,9 @@ def _load_script(path: Path):
     return module
 
 
+_PARSED: set = set()  # argument lists already parsed, paths left out: rows and seeds share most of them
+
+
 def check_parses(step: Step) -> None:
     """Parse the step's arguments with the parser of the tool it runs; raise ConfigError if they do not."""
     from fairseq import options
@@ -735,6 +788,9 @@ def check_parses(step: Step) -> None:
     import fairseq_sparse  # noqa: F401  (registers the architectures and criteria)
 
     argv = step.argv
+    key = (Path(argv[0]).name, *("PATH" if "/" in a else a for a in argv[1:]))
+    if key in _PARSED:
+        return
     try:
         if argv[0] == sys.executable and argv[1] == "-m":
             module = "fairseq_sparse.analysis.cli" if argv[2] == "fairseq_sparse.analysis" else argv[2]
@@ -754,6 +810,7 @@ def check_parses(step: Step) -> None:
                 raise ConfigError(f"no parser known for {tool}")
     except SystemExit as e:
         raise ConfigError(f"{step.label}: the command does not parse (exit {e.code}):\n  {shlex.join(argv)}") from None
+    _PARSED.add(key)
 
 
 def dry_run(plan: Plan, steps: List[Step]) -> None:

@@ -254,7 +254,7 @@ def run_heatmap(args) -> List[Path]:
     for model, model_task in loaded:
         found = {}
         for batch in batches(model, model_task, args.split, args.max_tokens, ids=args.sentences, cpu=args.cpu):
-            w = batch.weights[args.sublayer][args.layer]  # (H, B, T, S)
+            w = batch.weights[args.sublayer][args.layer]  # (H, B, T, S); a negative layer counts from the top
             for b in range(w.size(1)):
                 src_pos, tgt_pos = batch.sentence(b, pad)
                 rows = src_pos if args.sublayer == "encoder" else tgt_pos
@@ -271,9 +271,10 @@ def run_heatmap(args) -> List[Path]:
         prev = _pieces(tgt_dict, batch.prev[b, tgt_pos])
         y = src if args.sublayer == "encoder" else prev
         x = prev if args.sublayer == "decoder" else src
-        path = out / f"heatmap_{args.sublayer}_l{args.layer + 1}_h{args.head}_s{sid}.png"
+        layer = args.layer % batch.weights[args.sublayer].size(0) + 1
+        path = out / f"heatmap_{args.sublayer}_l{layer}_h{args.head}_s{sid}.png"
         report.plot_heatmaps(path, [found[sid][0] for found in per_model], labels, x, y,
-                             f"sentence {sid}, {args.sublayer} attention, layer {args.layer + 1}, head {args.head} "
+                             f"sentence {sid}, {args.sublayer} attention, layer {layer}, head {args.head} "
                              "(decoder queries labelled by their input token)")
         written.append(path)
     (out / "heatmap.md").write_text("# Attention heatmaps\n\n" + "\n".join(f"![{p.name}]({p.name})" for p in written) + "\n")
@@ -320,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", nargs="+")
     p.add_argument("--sentences", type=int, nargs="+", default=[0])
     p.add_argument("--sublayer", choices=SUBLAYERS, default="cross")
-    p.add_argument("--layer", type=int, default=0, help="0-based")
+    p.add_argument("--layer", type=int, default=0, help="0-based; -1: the last layer")
     p.add_argument("--head", default="mean", help="0-based head index or 'mean'")
     p = sub.add_parser("bible-alignments", help="gold Greek-English alignments (bible-alignments wheel) as Pharaoh + text")
     p.add_argument("--out-prefix", required=True)

@@ -1,0 +1,171 @@
+"""The table runner: argument merging, configuration checks, every table's commands, smoke runs."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from fairseq_sparse import tables
+from fairseq_sparse.tables import ConfigError, load_table, merge_args
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLES = sorted((ROOT / "configs" / "tables").glob("*.yaml"))
+
+
+# ---------------------------------------------------------------- merging
+
+
+def test_later_flags_replace_earlier_ones_and_quoted_values_stay_whole():
+    merged = merge_args("--arch big --lr 0.1 --adam-betas '(0.9, 0.98)' --fp16", "--lr 0.5 --attn-k 4",
+                        "--arch mini", drop=["--fp16"])
+    assert merged == ["--arch", "mini", "--lr", "0.5", "--adam-betas", "(0.9, 0.98)", "--attn-k", "4"]
+
+
+def test_model_overrides_survive_as_one_argument():
+    merged = merge_args("--beam 4", "--model-overrides \"{'decoder_attn_fn': 'softmax'}\"")
+    assert merged[-1] == "{'decoder_attn_fn': 'softmax'}"
+
+
+# ---------------------------------------------------------------- configuration errors
+
+
+@pytest.fixture
+def configs(tmp_path):
+    root = tmp_path / "configs"
+    (root / "tables").mkdir(parents=True)
+    (root / "papers").mkdir()
+    shutil.copy(ROOT / "configs" / "datasets.yaml", root)
+    shutil.copy(ROOT / "configs" / "smoke.yaml", root)
+    (root / "papers" / "p.yaml").write_text("settings:\n  base:\n    train: '--arch transformer_sparse'\n")
+    return root
+
+
+def write_table(configs, body: str) -> Path:
+    path = configs / "tables" / "t.yaml"
+    path.write_text("name: t\ntitle: T\npaper: p\n" + body)
+    return path
+
+
+GOOD = """datasets: [{id: iwslt14_de_en, setting: base}]
+columns: [{id: bleu, label: BLEU, dataset: iwslt14_de_en, measure: bleu}]
+rows: [{id: a, label: A}, {id: b, label: B, reuse: a}]
+"""
+
+
+@pytest.mark.parametrize("change, message", [
+    (("iwslt14_de_en, setting", "nowhere, setting"), "dataset 'nowhere' is not in"),
+    (("setting: base", "setting: huge"), "setting 'huge' is not in papers/p.yaml"),
+    (("measure: bleu", "measure: rouge"), "unknown measure 'rouge'"),
+    (("reuse: a", "reuse: c"), "reuse 'c' must name an earlier row"),
+    (("{id: a, label: A}", "{id: a, label: A, colour: red}"), "unknown key(s) ['colour']"),
+    (("{id: a, label: A}", "{id: a, label: A, paper: {rouge: 1}}"), "paper numbers for unknown column(s) ['rouge']"),
+    (("measure: bleu}", "measure: decode_speedup}"), "needs 'baseline:' naming a row"),
+    (("measure: bleu}", "measure: bleu, metric: d_bleu}"), "d_bleu needs a document-level dataset"),
+])
+def test_bad_configuration_is_one_clear_error(configs, change, message):
+    load_table(write_table(configs, GOOD), "smoke", configs)  # the unchanged table is fine
+    with pytest.raises(ConfigError, match=None) as info:
+        load_table(write_table(configs, GOOD.replace(*change)), "smoke", configs)
+    assert message in str(info.value)
+
+
+def test_unknown_profile_and_missing_file(configs):
+    with pytest.raises(ConfigError, match="unknown profile"):
+        load_table(write_table(configs, GOOD), "fast", configs)
+    with pytest.raises(ConfigError, match="no such configuration file"):
+        load_table(configs / "tables" / "missing.yaml", "smoke", configs)
+
+
+def test_identical_models_of_two_tables_share_one_run_directory(configs, tmp_path):
+    plans = []
+    for name in ("t1", "t2"):
+        path = configs / "tables" / f"{name}.yaml"
+        path.write_text(f"name: {name}\ntitle: T\npaper: p\n" + GOOD)
+        plans.append(tables.Plan(load_table(path, "smoke", configs), tmp_path / name, tmp_path / "data", None,
+                                 models_root=tmp_path / "models"))
+    a = [t.row("a") for t in (plans[0].table, plans[1].table)]
+    ds = plans[0].table.datasets["iwslt14_de_en"]
+    assert plans[0].run_dir(ds, a[0], 1) == plans[1].run_dir(ds, a[1], 1)
+    assert plans[0].run_dir(ds, a[0], 1) != plans[0].run_dir(ds, a[0], 2)
+
+
+# ---------------------------------------------------------------- every table: commands parse
+
+
+@pytest.mark.parametrize("profile", ["smoke", "paper"])
+@pytest.mark.parametrize("config", TABLES, ids=[p.stem for p in TABLES])
+def test_every_command_of_every_table_parses(config, profile, tmp_path, capsys):
+    assert tables.main([str(config), "--profile", profile, "--dry-run", "--out", str(tmp_path),
+                        "--raw-data", str(tmp_path / "raw")]) == 0
+    assert "commands parse" in capsys.readouterr().out
+
+
+def test_every_table_has_a_script():
+    for config in TABLES:
+        script = ROOT / "scripts" / "tables" / f"{config.stem}.sh"
+        if config.stem == "demo":
+            script = ROOT / "scripts" / "demo.sh"
+        assert script.is_file(), f"no script for {config.name}"
+        assert f"configs/tables/{config.name}" in script.read_text()
+
+
+# ---------------------------------------------------------------- smoke runs, end to end
+
+
+@pytest.fixture(scope="module")
+def smoke_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("tables")
+
+
+def run_table(name: str, root: Path, capsys) -> str:
+    out = root / name
+    status = tables.main([str(ROOT / "configs" / "tables" / f"{name}.yaml"), "--profile", "smoke", "--out", str(out),
+                          "--models-root", str(root / "models"), "--data-root", str(root / "data")])
+    printed = capsys.readouterr().out
+    assert status == 0, printed[-3000:]
+    return printed
+
+
+def test_demo_table_in_smoke_profile(smoke_root, capsys):
+    """Six models (fine-tuned L0Drop included): BLEU, sparsities, speed ratio, heatmap, all real numbers."""
+    printed = run_table("demo", smoke_root, capsys)
+    out = smoke_root / "demo"
+    md = (out / "demo.md").read_text()
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in md
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in md.splitlines() if line.startswith("| ") and "---" not in line}
+    for label in ("softmax", "top-k (k=8)", "hard retrieval (dec self + cross)", "ReLA-g", "1.5-entmax"):
+        ours = rows[label][0::2]
+        assert all(cell not in ("—", "failed") for cell in [ours[0], ours[1], ours[3]]), (label, ours)
+    assert float(rows["softmax"][2]) == 0.0  # softmax: no weight is exactly 0
+    assert float(rows["top-k (k=8)"][2]) > 0.0
+    assert float(rows["softmax"][6]) == 1.0  # speed ratio of the baseline to itself
+    assert float(rows["softmax"][4]) == 0.0  # no gates, nothing pruned
+    assert rows["L0Drop (softmax + gates)"][4] not in ("—", "failed")
+    assert list((out / "heatmap").glob("*.png"))
+    assert (out / "demo.csv").read_text().count("\n") == 1 + 6 * 4
+    # a second run finds everything done and only re-reads the results
+    again = run_table("demo", smoke_root, capsys)
+    assert "already done" in again and "[1/" not in again
+    assert "train softmax" in printed
+
+
+def test_averaged_checkpoint_is_the_mean_of_the_last_two(smoke_root):
+    from fairseq import checkpoint_utils
+
+    run = next((smoke_root / "models" / "smoke").glob("*/softmax-*"))
+    parts = [checkpoint_utils.load_checkpoint_to_cpu(str(p))["model"] for p in sorted((run / "checkpoints").glob("checkpoint_1_*.pt"))]
+    averaged = checkpoint_utils.load_checkpoint_to_cpu(str(run / "checkpoint_avg.pt"))["model"]
+    assert len(parts) == 2
+    name = "encoder.layers.0.fc1.weight"
+    assert not torch.equal(parts[0][name], parts[1][name])
+    torch.testing.assert_close(averaged[name], (parts[0][name] + parts[1][name]) / 2)
+
+
+def test_hard_table4_decodes_one_model_two_ways_in_smoke_profile(smoke_root, capsys):
+    run_table("hard_table4", smoke_root, capsys)
+    csv_text = (smoke_root / "hard_table4" / "hard_table4.csv").read_text()
+    assert csv_text.count("\n") == 1 + 4 and "failed" not in csv_text
+    decodes = list((smoke_root / "hard_table4" / "decode").rglob("test.*.txt"))
+    assert len(decodes) == 4  # two trained models, each decoded with soft and with hard attention

@@ -11,9 +11,9 @@ memory. Every function gets the same weights and input.
   the peak is the largest running total of those events in time order.
 * CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
 
-    python scripts/benchmark_memory.py                     # CPU, bidirectional (encoder)
-    python scripts/benchmark_memory.py --causal            # decoder self-attention mask
-    python scripts/benchmark_memory.py --device cuda --batch-size 8
+    python benchmarks/memory.py                     # CPU, bidirectional (encoder)
+    python benchmarks/memory.py --causal            # decoder self-attention mask
+    python benchmarks/memory.py --device cuda --batch-size 8
 
 The structured patterns are computed as masks over the dense score matrix, as ``topk`` is,
 so they are not expected to save memory; the table shows what they cost on top of softmax.
@@ -111,7 +111,10 @@ def main(argv: List[str] = None) -> None:
     parser.add_argument("--causal", action="store_true", help="decoder self-attention: mask future keys")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     for name in args.functions:
         if name not in attention_names():
             parser.error(f"unknown attention function {name!r}; valid choices: {', '.join(attention_names())}")

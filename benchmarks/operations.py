@@ -11,7 +11,7 @@ paper's seconds (GPU):
 The normalise/argmax and attend/index steps run the registered functions' own code
 (``masked_softmax``, ``retrieve_rows``), so the numbers describe this plugin.
 
-    python scripts/benchmark_operations.py [--hypotheses 128 --heads 8 --keys 30 --head-dim 64] [--device cuda]
+    python benchmarks/operations.py [--hypotheses 128 --heads 8 --keys 30 --head-dim 64] [--device cuda]
 """
 
 import argparse
@@ -33,7 +33,12 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device")
 
     gen = torch.Generator().manual_seed(0)
     shape = (args.hypotheses, args.heads)
@@ -63,7 +68,7 @@ def main(argv=None):
             ("normalise / argmax", seconds["normalise"], seconds["argmax"]),
             ("attend / index", seconds["attend"], seconds["index"])]
     print(f"\nseconds per {args.iterations} iterations; {args.hypotheses} hypotheses x {args.heads} heads, "
-          f"{args.keys} keys, d_h {args.head_dim}, {args.device}")
+          f"{args.keys} keys, d_h {args.head_dim}, {args.device}, torch threads {torch.get_num_threads()}")
     print("| operation | standard | hard | paper standard | paper hard |")
     print("|---|---:|---:|---:|---:|")
     for name, std, hard in rows:

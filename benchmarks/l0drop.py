@@ -7,47 +7,30 @@ lengths), one run builds a softmax Transformer and the same model with L0Drop ga
 encodings are pruned (by a quantile of log alpha over the batch: the same sparsity
 a trained model would reach, without training one), and times forced-length beam
 search (min_len = max_len) of the three, interleaved, median of ``--repeats``.
+(``benchmarks/run.py`` has the compressed model as its ``l0drop`` row, against every
+attention function.)
 
-    python scripts/benchmark_l0drop.py                       # CPU, both levels, 45% sparsity
-    python scripts/benchmark_l0drop.py --device cuda --batch-size 32 --arch transformer_sparse
+    python benchmarks/l0drop.py                       # CPU, both levels, 45% sparsity
+    python benchmarks/l0drop.py --device cuda --batch-size 32 --arch transformer_sparse
 
 Timings are not tests: this script asserts nothing.
 """
 
 import argparse
 import logging
-import math
 import sys
 
 import torch
 
 import fairseq_sparse  # noqa: F401
-from fairseq_sparse.benchmarking import build, forced_length_decoder, interleaved_medians, make_batch, random_sentences, synthetic_dictionary
-from fairseq_sparse.models.sparse_transformer import SparseTransformerEncoder
-from fairseq_sparse.modules.l0drop import GAMMA, ZETA
+from fairseq_sparse.benchmarking import (build, forced_length_decoder, interleaved_medians, make_batch, prune_fraction,
+                                         random_sentences, synthetic_dictionary)
 
 logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stdout, force=True)
-logger = logging.getLogger("fairseq_sparse.benchmark_l0drop")
+logger = logging.getLogger("fairseq_sparse.benchmarks.l0drop")
 
 # vocabulary size, max source length, decoding steps
 LEVELS = {"subword": (8000, 32, 30), "char": (300, 160, 150)}
-# g_hat = clamp(sigmoid(a) * (zeta - gamma) + gamma, 0, 1) is 0 exactly when a <= this
-CLOSING_LOG_ALPHA = -math.log((ZETA - GAMMA) / -GAMMA - 1)
-
-
-def prune_fraction(model, batch, sparsity: float, seed: int) -> float:
-    """Set random gate weights and a bias that closes ``sparsity`` of the batch's encodings."""
-    gate = model.encoder.l0drop_gate.log_alpha
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        gate.weight.copy_(torch.randn(gate.weight.shape, generator=gen).to(gate.weight.device))
-        gate.bias.zero_()
-        encoded = SparseTransformerEncoder.forward(model.encoder.eval(), batch["src_tokens"], batch["src_lengths"])
-        real = batch["src_tokens"].ne(model.encoder.padding_idx).t()
-        scores = gate(encoded["encoder_out"][0]).squeeze(-1)[real]
-        gate.bias.fill_(CLOSING_LOG_ALPHA - torch.quantile(scores.float(), sparsity).item())
-        closed = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])["l0drop_closed"][0]
-    return closed.sum().item() / real.sum().item()
 
 
 def main(argv=None):
@@ -59,12 +42,17 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--decode-len", type=int, help="decoding steps (default: the level's: subword 30, char 150)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     rows = []
     for level in args.levels:
         vocab, src_len, steps = LEVELS[level]
+        steps = args.decode_len or steps
         dictionary = synthetic_dictionary(vocab)
         sources = random_sentences(dictionary, args.batch_size, src_len, args.seed)
         batch, _ = make_batch(sources, sources, dictionary, args.device)

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = Path(__import__("os").environ.get("FAIRSEQ_SPARSE_CONFIGS", ROOT / "configs"))
 BIN = Path(sys.executable).parent
 PROFILES = ("paper", "smoke")
-MEASURES = ("bleu", "valid_bleu", "decode_time", "decode_speedup", "train_speedup", "params_m", "sparsity", "attn_sparsity")
+MEASURES = ("bleu", "valid_bleu", "decode_time", "decode_speedup", "decode_token_speedup", "train_speedup", "params_m", "sparsity", "attn_sparsity")
 METRICS = ("sacrebleu", "tokenized", "d_bleu")
 FINETUNE_RESETS = ["--reset-optimizer", "--reset-dataloader", "--reset-meters", "--reset-lr-scheduler"]
 
@@ -416,12 +416,12 @@ class Plan:
                     f"attention sparsity of {row.id} on {ds.id} (seed {seed})", needs=(self.model_key(ds, row, seed),))
 
     def measure_steps(self, ds: Dataset, row: Row, col: Column, seed: int) -> List[Step]:
+        if col.measure in ("train_speedup", "params_m") or (col.measure == "sparsity" and not self.prunes(ds, row)):
+            return []  # read from the training log, or nothing to measure (a model without gates prunes nothing)
         if col.measure in ("sparsity", "attn_sparsity"):
             return [self.analysis_step(ds, row, col, seed)]
-        if col.measure in ("train_speedup", "params_m") or (col.measure == "sparsity" and not self.prunes(ds, row)):
-            return []
         steps = [self.generate_step(ds, row, col, seed)]
-        if col.measure == "decode_speedup":
+        if col.measure in ("decode_speedup", "decode_token_speedup"):
             steps.append(self.generate_step(ds, self.table.row(col.baseline), col, seed))
         return steps
 
@@ -596,6 +596,13 @@ def decode_seconds(generated: Path) -> float:
     return float(match.group(1))
 
 
+def decode_tokens_per_second(generated: Path) -> float:
+    match = re.search(r"Translated [\d,]+ sentences .*?, ([\d.]+) tokens/s\)", generated.read_text(encoding="utf-8"))
+    if not match:
+        raise StepError(f"{generated}: no 'Translated ... tokens/s' line; was decoding cut short?")
+    return float(match.group(1))
+
+
 def train_words_per_second(log: Path) -> float:
     """Median words/s of the logged training intervals (the first one, warm-up, left out when there are more)."""
     rates = [float(m.group(1)) for line in log.read_text(encoding="utf-8").splitlines()
@@ -636,6 +643,9 @@ def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, signature
     if col.measure == "decode_speedup":
         baseline = decode_seconds(plan.generate_step(ds, plan.table.row(col.baseline), col, seed).output)
         return baseline / max(decode_seconds(plan.generate_step(ds, row, col, seed).output), 1e-9)
+    if col.measure == "decode_token_speedup":  # per generated token: fair when models' outputs differ in length
+        baseline = decode_tokens_per_second(plan.generate_step(ds, plan.table.row(col.baseline), col, seed).output)
+        return decode_tokens_per_second(plan.generate_step(ds, row, col, seed).output) / baseline
     if col.measure == "train_speedup":
         base_log = plan.run_dir(ds, plan.table.row(col.baseline), seed) / "train.log"
         return train_words_per_second(plan.run_dir(ds, row, seed) / "train.log") / train_words_per_second(base_log)
@@ -647,7 +657,7 @@ def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, signature
     return l0drop_sparsity(step.output) if col.measure == "sparsity" else attention_sparsity(step.output)
 
 
-DIGITS = {"decode_speedup": 2, "train_speedup": 2, "params_m": 1, "decode_time": 1}
+DIGITS = {"decode_speedup": 2, "decode_token_speedup": 2, "train_speedup": 2, "params_m": 1, "decode_time": 1}
 
 
 def fmt(value: Optional[float], col: Column) -> str:

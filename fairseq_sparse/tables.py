@@ -35,7 +35,7 @@ import yaml
 logger = logging.getLogger("fairseq_sparse.tables")
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = Path(__import__("os").environ.get("FAIRSEQ_SPARSE_CONFIGS", ROOT / "configs"))
+CONFIGS = ROOT / "configs"
 BIN = Path(sys.executable).parent
 PROFILES = ("paper", "smoke")
 MEASURES = ("bleu", "valid_bleu", "decode_time", "decode_speedup", "decode_token_speedup", "train_speedup", "params_m", "sparsity", "attn_sparsity")

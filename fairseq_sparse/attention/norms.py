@@ -11,7 +11,10 @@ class RMSNorm(nn.Module):
     """RMSNorm (Zhang & Sennrich, 2019), optionally gated as in ReLA-g.
 
     y = g * x / sqrt(mean(x^2) + eps), times sigmoid(w * x) when gated.
-    A zero vector (null attention) stays exactly zero.
+    A zero vector (null attention) stays exactly zero, and so does its gradient: the
+    true derivative there is gain / sqrt(eps) = 1e4 x gain, which overflows float16
+    under a loss scale (a ReLU row that is all zero passes no gradient further back,
+    so nothing downstream needs it).
 
     gain_init_bound: None initialises the gain g to ones; a bound b draws it from
         U(-b, b) (ReLA-i uses b = sqrt(3 / d_h)).
@@ -32,7 +35,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight.float()
+        mean_square = xf.pow(2).mean(dim=-1, keepdim=True)
+        inverse_rms = torch.rsqrt(mean_square + self.eps).masked_fill(mean_square == 0, 0.0)
+        y = xf * inverse_rms * self.weight.float()
         if self.gate is not None:
             y = y * torch.sigmoid(self.gate.float() * xf)
         return y.type_as(x)

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 BETA = 2.0 / 3.0
 GAMMA, ZETA = -0.1, 1.1
-# Gates start open: with w = 0 and this bias, g_hat = 1 and P(g = 0) is about 1e-3, so
-# fine-tuning a converged model starts from that model.
+# Gates start open: with w = 0 and this bias, g_hat = 1 and P(g = 0) = 1 - sigmoid(3 - beta *
+# log(-gamma / zeta)) is about 1e-2, so fine-tuning a converged model starts from that model.
 OPEN_GATE_BIAS = 3.0
 
 
@@ -62,7 +63,10 @@ class HardConcreteGate(nn.Module):
 
         ``src_tokens`` is unused: the gate reads the encodings (rule patterns read the tokens).
         """
-        log_alpha = self.log_alpha(x.float()).squeeze(-1).transpose(0, 1)  # (B, T)
+        # float32 whatever the model's dtype: the gate's statistics and the L0 penalty are
+        # sums over many tokens, and a half-precision log alpha moves g_hat in steps of 1e-2
+        weight, bias = self.log_alpha.weight.float(), self.log_alpha.bias.float()
+        log_alpha = F.linear(x.float(), weight, bias).squeeze(-1).transpose(0, 1)  # (B, T)
         g_hat = expected_gate(log_alpha)
         gates = sample_gate(log_alpha) if self.training else g_hat
         expected_l0 = probability_open(log_alpha)

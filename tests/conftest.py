@@ -3,3 +3,24 @@ import sys
 
 # tests import their shared helpers (attention_cases, helpers) as top-level modules
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_PAIRS = 40
+
+
+@pytest.fixture(scope="session")
+def bible(tmp_path_factory):
+    """A few hundred German-English verse pairs of the offline Bible corpus, BPE'd and binarised."""
+    out = tmp_path_factory.mktemp("bible-de-en")
+    subprocess.run(
+        [sys.executable, str(ROOT / "data-prep" / "bible.py"), "--pair", "de-en", "--out", str(out),
+         "--max-train-pairs", "400", "--max-eval-pairs", str(EVAL_PAIRS), "--bpe-merges", "1000", "--binarize"],
+        check=True, capture_output=True, timeout=900,
+    )
+    return out

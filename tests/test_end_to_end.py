@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from attention_cases import CASES, NAMES
+from conftest import EVAL_PAIRS
 from fairseq_sparse.evaluate import corpus_bleu, read_hypotheses
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_DIR = str(ROOT / "fairseq_sparse")
 BIN = Path(sys.executable).parent
-EVAL_PAIRS = 40
 TINY_MODEL = [
     "--arch", "transformer_sparse_mini", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
     "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
@@ -30,17 +30,6 @@ def run(tool, *args, stdin=None):
     if result.returncode != 0:
         raise AssertionError(f"{tool} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result.stdout + result.stderr
-
-
-@pytest.fixture(scope="session")
-def bible(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bible-de-en")
-    subprocess.run(
-        [sys.executable, str(ROOT / "data-prep" / "bible.py"), "--pair", "de-en", "--out", str(out),
-         "--max-train-pairs", "400", "--max-eval-pairs", str(EVAL_PAIRS), "--bpe-merges", "1000", "--binarize"],
-        check=True, capture_output=True, timeout=900,
-    )
-    return out
 
 
 def train(bible, save_dir, *extra, updates=5):

@@ -14,9 +14,11 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from attention_cases import CASES, NAMES
+from fairseq_sparse.attention.norms import RMSNorm
 from fairseq_sparse.criterions.l0drop import L0DropCriterion
 from fairseq_sparse.modules.prune_patterns import PATTERNS
 from helpers import TinyTask, build_model, random_batch
+from test_end_to_end import train
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 LOSS_SCALE = 128.0  # fairseq's --fp16-init-scale default
@@ -77,3 +79,52 @@ def test_training_step_and_beam_search_in_half_precision(row, options, uses_l0, 
     for sentence in hypotheses:
         assert sentence and all(torch.isfinite(h["score"].float()) for h in sentence)
         assert all(torch.isfinite(h["positional_scores"].float()).all() for h in sentence)
+
+
+def test_rmsnorm_passes_no_gradient_through_a_null_row_in_float16():
+    """A ReLA row that attends to nothing is exactly zero: its gradient must not be gain / sqrt(eps)."""
+    norm = RMSNorm(8, gated=True).half()
+    x = torch.randn(3, 8).half()
+    x[1] = 0.0
+    x.requires_grad_(True)
+    y = norm(x)
+    assert (y[1] == 0).all()
+    (y.float() * 1e3).sum().backward()  # a large upstream gradient, as under a loss scale
+    assert torch.isfinite(x.grad).all() and (x.grad[1] == 0).all() and (x.grad[0] != 0).any()
+
+
+def cli_groups():
+    """(encoder, decoder, cross) functions: every registered name in some run, few runs."""
+    self_only = [n for n in NAMES if CASES[n].self_only]
+    others = [n for n in NAMES if not CASES[n].self_only]
+    groups = []
+    while self_only or others:
+        encoder = self_only.pop(0) if self_only else others.pop(0)
+        decoder = self_only.pop(0) if self_only else (others.pop(0) if others else encoder)
+        cross = others.pop(0) if others else "softmax"
+        groups.append((encoder, decoder, cross))
+    return groups
+
+
+CLI_RUNS = [(f"{e}+{d}+{c}", ["--encoder-attn-fn", e, "--decoder-attn-fn", d, "--cross-attn-fn", c, "--attn-k", "4"])
+            for e, d, c in cli_groups()]
+CLI_RUNS += [("l0drop", ["--l0drop", "--l0drop-every-layer", "--criterion", "label_smoothed_cross_entropy_l0drop",
+                         "--label-smoothing", "0.1"]),
+             ("pattern_group", ["--encoder-prune-pattern", "group"])]
+
+
+def test_cli_runs_cover_every_function():
+    covered = {name for run_id, _ in CLI_RUNS for name in run_id.split("+")}
+    assert set(NAMES) <= covered
+
+
+@pytest.mark.parametrize("run_id,options", CLI_RUNS, ids=[r[0] for r in CLI_RUNS])
+def test_fairseq_train_fp16_keeps_the_default_loss_scale(run_id, options, bible, tmp_path):
+    """fairseq-train --fp16 (memory-efficient: the variant that runs on CPU) at the default
+    initial loss scale: no overflow in the first updates, finite losses, scale still 128."""
+    output = train(bible, tmp_path, "--fp16", "--memory-efficient-fp16", "--no-save", *options, updates=4)
+    assert "gradient overflow" not in output, output[-3000:]
+    updates = [line for line in output.splitlines() if "| train_inner |" in line]
+    assert len(updates) == 4, output[-3000:]
+    for line in updates:
+        assert "loss_scale=128," in line and "loss=nan" not in line and "loss=inf" not in line, line

@@ -102,8 +102,11 @@ def test_training_runs_the_chosen_function_with_gradients(name, sublayer):
     model = model_with(name, sublayer).train()
     calls = []
     attention = next(m for m in model.modules() if isinstance(m, SparseMultiheadAttention) and m.attn_fn == name)
-    original = attention.spec.fn
-    attention.spec = dataclasses.replace(attention.spec, fn=lambda *args: calls.append(1) or original(*args))
+    # A method registered with a selection runs it (then the fused kernel); any other runs its function.
+    spec = attention.spec
+    hook = "selection" if spec.selection is not None else "fn"
+    original = getattr(spec, hook)
+    attention.spec = dataclasses.replace(spec, **{hook: lambda *args: calls.append(1) or original(*args)})
     batch = random_batch(lengths=[7, 5], tgt_lengths=[6, 4], seed=2)
     torch.manual_seed(0)
     logits, _ = model(**batch)
@@ -161,11 +164,12 @@ def test_positions_count_real_tokens_in_full_and_incremental_passes():
     seen = {}
     for name, module in model.named_modules():
         if isinstance(module, SparseMultiheadAttention):
-            def record(scores, values, mask, ctx, _name=name, _fn=module.spec.fn):
+            def record(*args, _name=name, _fn=module.spec.fn, _select=module.spec.selection):
+                ctx = args[-1]  # fn(scores, values, mask, ctx) or, on the fused path, selection(scores, mask, ctx)
                 seen.setdefault(_name, []).append((ctx.query_positions.clone(), ctx.key_positions.clone()))
-                return _fn(scores, values, mask, ctx)
+                return (_fn if len(args) == 4 else _select)(*args)
 
-            module.spec = dataclasses.replace(module.spec, uses_positions=True, fn=record)
+            module.spec = dataclasses.replace(module.spec, uses_positions=True, fn=record, selection=record)
     batch = random_batch(lengths=[3, 5], tgt_lengths=[4, 4])
     with torch.no_grad():
         model.eval()(**batch)

@@ -80,14 +80,43 @@ def topk_mask(scores: Tensor, mask: Optional[Tensor], k: int, key_counts: Option
     return below if mask is None else below | mask
 
 
-@register_attention("softmax", supports_key_counts=True)
+def register_selection(name: str, reads_scores: bool = False, **options):
+    """Register softmax over the keys a selection leaves, from the selection alone.
+
+    The decorated ``select(scores, mask, ctx) -> hidden`` becomes the selection of the
+    registered method, and its attention function is the masked softmax over ``~hidden``.
+    """
+
+    def wrap(select):
+        def attention(scores, values, mask, ctx) -> AttentionOutput:
+            weights = masked_softmax(scores, select(scores, mask, ctx))
+            return _attend(weights, values, ctx), weights
+
+        attention.__doc__ = select.__doc__
+        register_attention(name, selection=select, selection_reads_scores=reads_scores, **options)(attention)
+        return select
+
+    return wrap
+
+
+def visible_keys(scores, mask, ctx) -> Optional[Tensor]:
+    """Softmax's selection: every key the mask leaves."""
+    return mask
+
+
+def topk_selection(scores, mask, ctx) -> Optional[Tensor]:
+    """Top-k's selection: the k largest scores of each query among the visible keys."""
+    return topk_mask(scores, mask, ctx.k, ctx.key_counts)
+
+
+@register_attention("softmax", supports_key_counts=True, selection=visible_keys)
 def softmax_attention(scores, values, mask, ctx) -> AttentionOutput:
     """Scaled dot-product attention (Vaswani et al., 2017)."""
     weights = masked_softmax(with_key_counts(scores, ctx), mask)
     return _attend(weights, values, ctx), weights
 
 
-@register_attention("topk", uses_k=True, supports_key_counts=True)
+@register_attention("topk", uses_k=True, supports_key_counts=True, selection=topk_selection, selection_reads_scores=True)
 def topk_attention(scores, values, mask, ctx) -> AttentionOutput:
     """Explicit sparse attention: softmax over the k largest scores of each query (Zhao et al., 2019)."""
     if ctx.key_counts is None and ctx.k >= scores.size(-1):

@@ -14,7 +14,22 @@ An attention function maps masked attention scores and values to an output and
     weights: (*, H, T, S) or None (None only when ``ctx.need_weights`` is False)
 
 A function never returns NaN for a query whose keys are all masked: its output row
-is zero. Functions that need parameters of their own (a learned alpha, a
+is zero.
+
+A function that is softmax over a subset of the keys (softmax itself, top-k, the
+structured patterns) also registers that subset as a *selection*::
+
+    select(scores, mask, ctx) -> hidden
+
+    hidden:  bool, broadcastable to ``scores``; True where the key is not attended
+             (a superset of ``mask``). Score-free selections (``selection_reads_scores``
+             False) receive a zero-stride placeholder with the right shape and device.
+
+When no weights are requested the attention module then computes the output with a
+fused kernel (``scaled_dot_product_attention``) over the keys the selection leaves,
+in query chunks for selections that read scores, instead of calling ``fn``; the two
+paths agree to float tolerance (tests/test_fused_attention.py). ``register_selection``
+registers such a method from its selection alone. Functions that need parameters of their own (a learned alpha, a
 normalisation of the head outputs) declare builders in the register call; the
 attention module owns the resulting modules and hands them over in ``ctx``.
 
@@ -68,6 +83,9 @@ class AttentionSpec:
     self_attention_only: bool = False
     # Honours ctx.key_counts, so L0Drop's compressed decoding is exact with it.
     supports_key_counts: bool = False
+    # The function is softmax over the keys this selection leaves (see the module docstring).
+    selection: Optional[Callable[[Tensor, Optional[Tensor], AttentionContext], Optional[Tensor]]] = None
+    selection_reads_scores: bool = False
     description: str = ""
 
 
@@ -82,6 +100,8 @@ def register_attention(
     uses_positions: bool = False,
     self_attention_only: bool = False,
     supports_key_counts: bool = False,
+    selection: Optional[Callable] = None,
+    selection_reads_scores: bool = False,
 ):
     """Decorator adding an attention function to the registry under ``name``."""
 
@@ -97,6 +117,8 @@ def register_attention(
             uses_positions=uses_positions,
             self_attention_only=self_attention_only,
             supports_key_counts=supports_key_counts,
+            selection=selection,
+            selection_reads_scores=selection_reads_scores,
             description=(fn.__doc__ or "").strip().split("\n")[0],
         )
         return fn

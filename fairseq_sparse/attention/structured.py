@@ -17,7 +17,9 @@ keys are ranked by distance |j - i| to the query position i; at equal distance t
 earlier key (j < i) comes first. The query itself (distance 0) is always first.
 
 Softmax runs over the selected, unmasked keys; a query left with no key gets weights 0
-and output 0.
+and output 0. Each method is registered as its *selection* (``register_selection``):
+a function returning the keys it hides, from which the registry builds the attention
+function and the module its fused path.
 """
 
 from typing import Optional, Tuple
@@ -25,8 +27,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .functions import _attend, masked_softmax, topk_mask
-from .registry import AttentionContext, AttentionOutput, register_attention
+from .functions import register_selection, topk_mask
+from .registry import AttentionContext
 
 # Distance between attended neighbours of `dilated`: every other position, so a query
 # never sees its odd-distance neighbours (the "holes" of a dilated convolution).
@@ -122,11 +124,6 @@ def pattern_selection(
     return chosen | (visible & (query_pos < num_global))
 
 
-def _softmax_over(selected: Tensor, scores: Tensor, values: Tensor, ctx: AttentionContext) -> AttentionOutput:
-    weights = masked_softmax(scores, ~selected)
-    return _attend(weights, values, ctx), weights
-
-
 def bigbird_split(k: int) -> Tuple[int, int, int]:
     """(global, window, random) sizes of BigBird: k/4 global, k/4 random, the rest (k/2) window."""
     quarter = k // 4
@@ -138,89 +135,89 @@ def topk_oow_split(k: int) -> Tuple[int, int]:
     return k - k // 2, k // 2
 
 
-@register_attention("block", uses_k=True, uses_positions=True, self_attention_only=True)
-def block_attention(scores, values, mask, ctx) -> AttentionOutput:
+@register_selection("block", uses_k=True, uses_positions=True, self_attention_only=True)
+def block_selection(scores, mask, ctx) -> Tensor:
     """Block attention: positions are cut into blocks of k; a query attends within its block.
 
-    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
     Block of position p is p // k; causally, a query sees its block up to itself.
     """
     query_pos, key_pos = _positions(scores, ctx)
     selected = _visible(scores, mask) & (key_pos // ctx.k == query_pos // ctx.k)
-    return _softmax_over(selected, scores, values, ctx)
+    return ~selected
 
 
-@register_attention("window", uses_k=True, uses_positions=True, self_attention_only=True)
-def window_attention(scores, values, mask, ctx) -> AttentionOutput:
+@register_selection("window", uses_k=True, uses_positions=True, self_attention_only=True)
+def window_selection(scores, mask, ctx) -> Tensor:
     """Window attention: each query attends to its k nearest visible positions.
 
-    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
     Neighbour order: itself, then by distance, the earlier key first on a tie. Causal:
     the query and its k-1 predecessors. Bidirectional: i-ceil((k-1)/2)..i+floor((k-1)/2)
     (one more before than after when k is even), shifted inwards at the sequence ends.
     """
     query_pos, key_pos = _positions(scores, ctx)
     selected = smallest_ranks(neighbour_rank(query_pos, key_pos), _visible(scores, mask), ctx.k)
-    return _softmax_over(selected, scores, values, ctx)
+    return ~selected
 
 
-@register_attention("dilated", uses_k=True, uses_positions=True, self_attention_only=True)
-def dilated_attention(scores, values, mask, ctx) -> AttentionOutput:
+@register_selection("dilated", uses_k=True, uses_positions=True, self_attention_only=True)
+def dilated_selection(scores, mask, ctx) -> Tensor:
     """Dilated attention: the k nearest visible positions at even distance (dilation 2).
 
-    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
     Causal: i, i-2, ..., i-2(k-1). Bidirectional: i, i-2, i+2, i-4, ... Odd-distance
     neighbours are never attended.
     """
     query_pos, key_pos = _positions(scores, ctx)
     on_lattice = (key_pos - query_pos).remainder(DILATION) == 0
     selected = smallest_ranks(neighbour_rank(query_pos, key_pos), _visible(scores, mask) & on_lattice, ctx.k)
-    return _softmax_over(selected, scores, values, ctx)
+    return ~selected
 
 
-@register_attention("global", uses_k=True, uses_positions=True, self_attention_only=True)
-def global_attention(scores, values, mask, ctx) -> AttentionOutput:
+@register_selection("global", uses_k=True, uses_positions=True, self_attention_only=True)
+def global_selection(scores, mask, ctx) -> Tensor:
     """Global attention: positions 0..k-1 attend to all and are attended by all; nothing local.
 
-    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
     All k go to global positions (the paper: most tokens only see the first part of the
     sequence), so a query at position >= k does not attend to itself.
     """
     query_pos, key_pos = _positions(scores, ctx)
     selected = pattern_selection(query_pos, key_pos, _visible(scores, mask), ctx.k, 0, 0, ctx.seed)
-    return _softmax_over(selected, scores, values, ctx)
+    return ~selected
 
 
-@register_attention("random", uses_k=True, uses_positions=True)
-def random_attention(scores, values, mask, ctx) -> AttentionOutput:
+@register_selection("random", uses_k=True, uses_positions=True)
+def random_selection(scores, mask, ctx) -> Tensor:
     """Random attention: k visible keys per query, chosen by a hash of (seed, query position, key position).
 
-    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
     Works in cross-attention (query position = target step). Same keys for every head.
     """
     query_pos, key_pos = _positions(scores, ctx)
     selected = smallest_ranks(random_rank(query_pos, key_pos, ctx.seed), _visible(scores, mask), ctx.k)
-    return _softmax_over(selected, scores, values, ctx)
+    return ~selected
 
 
-@register_attention("bigbird", uses_k=True, uses_positions=True, self_attention_only=True)
-def bigbird_attention(scores, values, mask, ctx) -> AttentionOutput:
+@register_selection("bigbird", uses_k=True, uses_positions=True, self_attention_only=True)
+def bigbird_selection(scores, mask, ctx) -> Tensor:
     """BigBird: k/4 global positions, then a window of k/2, then k/4 random keys (disjoint parts).
 
-    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
     Split by ``bigbird_split``: global = random = k // 4, window = k - 2 * (k // 4).
     """
     query_pos, key_pos = _positions(scores, ctx)
     num_global, num_window, num_random = bigbird_split(ctx.k)
     selected = pattern_selection(query_pos, key_pos, _visible(scores, mask), num_global, num_window, num_random, ctx.seed)
-    return _softmax_over(selected, scores, values, ctx)
+    return ~selected
 
 
-@register_attention("topk_oow", uses_k=True, uses_positions=True, self_attention_only=True)
-def topk_oow_attention(scores, values, mask, ctx) -> AttentionOutput:
+@register_selection("topk_oow", reads_scores=True, uses_k=True, uses_positions=True, self_attention_only=True)
+def topk_oow_selection(scores, mask, ctx) -> Tensor:
     """Top-k (OOW): a window of ceil(k/2) nearest keys plus the top-floor(k/2) scores outside it.
 
-    scores (*, H, T, S), values (*, H, S, D) -> (*, H, T, D), weights (*, H, T, S).
+    scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
     The window follows ``window``'s neighbour order; the top-k part is ``topk`` over the
     visible keys outside the window (ties at the threshold are all kept).
     """
@@ -232,4 +229,4 @@ def topk_oow_attention(scores, values, mask, ctx) -> AttentionOutput:
     if num_top > 0:
         hidden_outside = ~(visible & ~window)
         selected = window | ~topk_mask(scores, hidden_outside.expand_as(scores), num_top)
-    return _softmax_over(selected, scores, values, ctx)
+    return ~selected

@@ -3,19 +3,35 @@
 It keeps fairseq's parameters (q/k/v/out projections), incremental-state layout
 (``prev_key``/``prev_value`` as (B, H, S, d_h), ``prev_key_padding_mask``) and
 ``reorder_incremental_state``, so checkpoints and beam search behave as with the
-stock module. Unlike the stock module it never takes the fused dense path: the
-chosen function runs in training, in the encoder and in incremental decoding.
+stock module. Unlike the stock module it never takes fairseq's dense shortcut
+(``F.multi_head_attention_forward``): the chosen method runs in training, in the
+encoder and in incremental decoding.
+
+Two paths compute it:
+
+* fused, when no weights are requested and the method registers a *selection*
+  (softmax, top-k, the structured patterns; see ``attention.registry``): the keys
+  the selection hides become a boolean mask (log key counts an additive one) of
+  ``scaled_dot_product_attention``, so no (B, H, T, S) float matrix is kept for the
+  backward pass. Selections that read scores (top-k) compute them without gradient,
+  one chunk of queries at a time, so their working memory is O(chunk x S);
+* the registered function over float32 scores otherwise (weights requested, as by
+  the decoder's alignment layer and the analysis tools; every other method).
 """
 
+import dataclasses
 from typing import Dict, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
 from ..attention import AttentionContext, check_k, get_attention
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+# Scores a selection sees at once (queries are chunked above this): 2**20 floats = 4 MiB.
+SELECTION_CHUNK_ELEMENTS = 2**20
 
 
 class SparseMultiheadAttention(MultiheadAttention):
@@ -133,11 +149,7 @@ class SparseMultiheadAttention(MultiheadAttention):
 
         q = self._split_heads(self.q_proj(query) * self.scaling)
         k, v, key_padding_mask = self._keys_and_values(query, key, key_padding_mask, incremental_state, static_kv)
-        scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B, H, T, S)
         mask, bias = _combine_masks(attn_mask, key_padding_mask)
-        if bias is not None:
-            scores = scores + bias
-
         ctx = AttentionContext(
             k=self.attn_k,
             training=self.training,
@@ -151,10 +163,16 @@ class SparseMultiheadAttention(MultiheadAttention):
         if self.key_counts is not None:
             if not self.spec.supports_key_counts:
                 raise ValueError(f"attention function {self.attn_fn!r} cannot read a compressed (counted) memory")
-            ctx.key_counts = self.key_counts[:, None, None, :].to(scores.dtype)
+            ctx.key_counts = self.key_counts[:, None, None, :].float()
         if self.spec.uses_positions:
             ctx.query_positions, ctx.key_positions = self._positions(key_padding_mask, k.size(2), tgt_len, incremental_state)
-        out, weights = self.spec.fn(scores, v, mask, ctx)
+        if self.spec.selection is not None and not need_weights:
+            out, weights = self._fused_softmax(q, k, v, mask, bias, ctx), None
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B, H, T, S)
+            if bias is not None:
+                scores = scores + bias
+            out, weights = self.spec.fn(scores, v, mask, ctx)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         if self.output_norm is not None:
@@ -166,6 +184,64 @@ class SparseMultiheadAttention(MultiheadAttention):
         weights = weights.transpose(0, 1)  # (H, B, T, S)
         return out, (weights if need_head_weights else weights.mean(dim=0))
 
+    def _fused_softmax(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
+                       ctx: AttentionContext) -> Tensor:
+        """Softmax over the keys ``spec.selection`` leaves, by ``scaled_dot_product_attention``.
+
+        q: (B, H, T, d_h), already scaled; k, v: (B, H, S, d_h). Returns (B, H, T, d_h).
+        """
+        hidden = self._hidden_keys(q, k, mask, bias, ctx)
+        empty_rows = None
+        if hidden is not None:
+            # A query with no key left gets output 0 (the registry's contract). Such a row
+            # attends to every key inside the kernel (no -inf-only softmax, hence no NaN in
+            # either pass) and is zeroed afterwards, which also zeroes its gradient.
+            empty_rows = hidden.all(dim=-1, keepdim=True)
+            hidden = hidden & ~empty_rows
+        additive = bias
+        if ctx.key_counts is not None:  # c identical keys: exp(s + log c) = c exp(s)
+            log_counts = ctx.key_counts.clamp(min=1).log()  # count-0 slots are hidden anyway
+            additive = log_counts if additive is None else additive + log_counts
+        if additive is not None:
+            attn_mask = additive.to(q.dtype)
+            if hidden is not None:
+                attn_mask = attn_mask.masked_fill(hidden, float("-inf"))
+        else:
+            attn_mask = None if hidden is None else ~hidden
+        dropout = self.dropout_module
+        dropout_p = dropout.p if (dropout.training or dropout.apply_during_inference) else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=1.0)
+        return out if empty_rows is None else out.masked_fill(empty_rows, 0.0)
+
+    def _hidden_keys(self, q: Tensor, k: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
+                     ctx: AttentionContext) -> Optional[Tensor]:
+        """The selection's hidden keys, bool broadcastable to (B, H, T, S), or None (none hidden).
+
+        Computed without gradient, SELECTION_CHUNK_ELEMENTS scores (or placeholder
+        entries for score-free selections) at a time.
+        """
+        bsz, heads, tgt_len, _ = q.shape
+        src_len = k.size(2)
+        select, reads_scores = self.spec.selection, self.spec.selection_reads_scores
+        per_query = (bsz * heads if reads_scores else bsz) * src_len
+        chunk = max(1, SELECTION_CHUNK_ELEMENTS // max(1, per_query))
+        parts = []
+        with torch.no_grad():
+            for start in range(0, tgt_len, chunk):
+                rows = slice(start, min(start + chunk, tgt_len))
+                if reads_scores:
+                    scores = torch.matmul(q[:, :, rows], k.transpose(-1, -2))
+                    if bias is not None:
+                        scores = scores + _query_rows(bias, rows).to(scores.dtype)
+                else:  # shape and device only: the selection never reads it
+                    scores = q.new_zeros(()).expand(bsz, 1, rows.stop - rows.start, src_len)
+                chunk_ctx = ctx if chunk >= tgt_len else _query_rows_of_context(ctx, rows)
+                parts.append(select(scores, _query_rows(mask, rows), chunk_ctx))
+        if len(parts) == 1 or parts[0] is None:
+            return parts[0]
+        # a part that does not depend on the query (size 1 there) stands for every row of its chunk
+        sizes = [min(chunk, tgt_len - start) for start in range(0, tgt_len, chunk)]
+        return torch.cat([part.expand(*part.shape[:-2], n, part.size(-1)) for part, n in zip(parts, sizes)], dim=-2)
 
     def _positions(
         self, key_padding_mask: Optional[Tensor], num_keys: int, tgt_len: int, incremental_state: Optional[IncrementalState]
@@ -194,6 +270,18 @@ class SparseMultiheadAttention(MultiheadAttention):
             saved["query_offset"] = steps + tgt_len
             self._set_input_buffer(incremental_state, saved)
         return query_positions, key_positions
+
+
+def _query_rows(x: Optional[Tensor], rows: slice) -> Optional[Tensor]:
+    """Rows ``rows`` of a mask or bias broadcastable to (B, H, T, S) (unchanged where T is broadcast)."""
+    return x if x is None or x.size(-2) == 1 else x[..., rows, :]
+
+
+def _query_rows_of_context(ctx: AttentionContext, rows: slice) -> AttentionContext:
+    """``ctx`` for queries ``rows`` only: query positions are (B|1, 1, T)."""
+    if ctx.query_positions is None:
+        return ctx
+    return dataclasses.replace(ctx, query_positions=ctx.query_positions[..., rows])
 
 
 def _as_bool(mask: Optional[Tensor]) -> Optional[Tensor]:

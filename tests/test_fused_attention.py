@@ -1,0 +1,150 @@
+"""The fused path (scaled_dot_product_attention over a method's selection) equals the registered function.
+
+Every registered method with a selection is compared, in every sublayer it may sit in,
+against the same module with the selection removed (which runs the function over float32
+scores): outputs and gradients to float tolerance, with padding, causal masks, incremental
+decoding, key counts, query chunking and queries that have no key left.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from attention_cases import CASES, NAMES
+from fairseq_sparse.attention import AttentionContext, get_attention
+from fairseq_sparse.modules import sparse_multihead_attention
+from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
+from helpers import build_model, random_batch
+
+FUSED = [name for name in NAMES if get_attention(name).selection is not None]
+SUBLAYERS = ("encoder", "decoder", "cross")
+GRID = [(name, sublayer) for name in FUSED for sublayer in SUBLAYERS if not (sublayer == "cross" and CASES[name].self_only)]
+
+
+def unfused(module: torch.nn.Module) -> torch.nn.Module:
+    """The same weights, every attention module running its registered function."""
+    for m in module.modules():
+        if isinstance(m, SparseMultiheadAttention):
+            m.spec = dataclasses.replace(m.spec, selection=None)
+    return module
+
+
+def test_the_methods_the_issue_names_take_the_fused_path():
+    assert {"softmax", "topk", "block", "window", "dilated", "global", "random", "bigbird", "topk_oow"} <= set(FUSED)
+
+
+@pytest.mark.parametrize("name,sublayer", GRID)
+def test_model_outputs_and_gradients_equal_the_function_path(name, sublayer):
+    batch = random_batch(lengths=[7, 4, 9], tgt_lengths=[6, 3, 5], seed=7)
+    results = []
+    for make in (lambda m: m, unfused):
+        model = make(build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, seed=3)).train()
+        logits, _ = model(**batch)
+        logits.float().logsumexp(-1).sum().backward()
+        results.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (fused_logits, fused_grads), (plain_logits, plain_grads) = results
+    assert (fused_logits - plain_logits).abs().max() <= 1e-5
+    assert fused_grads.keys() == plain_grads.keys()
+    for key in plain_grads:
+        assert (fused_grads[key] - plain_grads[key]).abs().max() <= 1e-4 * max(1.0, plain_grads[key].abs().max()), key
+
+
+@pytest.mark.parametrize("name,sublayer", GRID)
+def test_incremental_decoding_equals_the_unfused_full_pass(name, sublayer):
+    model = build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, seed=4).eval()
+    reference = unfused(build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, seed=4)).eval()
+    batch = random_batch(lengths=[6, 8], tgt_lengths=[5, 5], seed=8)
+    with torch.no_grad():
+        expected, _ = reference(**batch)
+        encoder_out = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])
+        state, steps = {}, []
+        for t in range(batch["prev_output_tokens"].size(1)):
+            steps.append(model.decoder(batch["prev_output_tokens"][:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0])
+    assert (torch.cat(steps, dim=1) - expected).abs().max() <= 1e-5
+
+
+def module_pair(name, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    fused = SparseMultiheadAttention(16, 4, attn_fn=name, attn_k=CASES[name].k, **kwargs)
+    plain = unfused(SparseMultiheadAttention(16, 4, attn_fn=name, attn_k=CASES[name].k, **kwargs))
+    plain.load_state_dict(fused.state_dict())
+    return fused, plain
+
+
+def causal_mask(length):
+    return torch.triu(torch.full((length, length), float("-inf")), 1)
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_query_chunks_give_the_unchunked_result(name, monkeypatch):
+    """A selection computed a few queries at a time (long sequences) selects the same keys."""
+    fused, plain = module_pair(name, self_attention=True)
+    x = torch.randn(11, 2, 16, requires_grad=True)
+    padding = torch.zeros(2, 11, dtype=torch.bool)
+    padding[1, :3] = True
+    expected, _ = plain(x, x, x, key_padding_mask=padding, attn_mask=causal_mask(11), need_weights=False)
+    monkeypatch.setattr(sparse_multihead_attention, "SELECTION_CHUNK_ELEMENTS", 2 * 4 * 11 * 3)  # 3 queries a chunk
+    out, _ = fused(x, x, x, key_padding_mask=padding, attn_mask=causal_mask(11), need_weights=False)
+    assert (out - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", [n for n in FUSED if get_attention(n).supports_key_counts])
+def test_key_counts_on_the_fused_path(name):
+    """L0Drop's compressed memory: log counts enter the kernel as an additive mask."""
+    fused, plain = module_pair(name, encoder_decoder_attention=True, kdim=16, vdim=16)
+    query, memory = torch.randn(3, 2, 16), torch.randn(5, 2, 16)
+    memory[0] = 0.0  # the zero slot standing for pruned encodings
+    counts = torch.tensor([[3.0, 1, 1, 1, 0], [0.0, 1, 1, 1, 1]])
+    padding = counts == 0
+    outputs = []
+    for module in (fused, plain):
+        module.key_counts = counts
+        outputs.append(module(query, memory, memory, key_padding_mask=padding, need_weights=False, static_kv=True)[0])
+    assert (outputs[0] - outputs[1]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_a_query_with_no_key_gets_zero_output_and_finite_gradients(name):
+    fused, plain = module_pair(name, self_attention=True)
+    x = torch.randn(4, 2, 16, requires_grad=True)
+    hide_all = torch.zeros(4, 4)
+    hide_all[1] = float("-inf")  # query 1 sees nothing
+    out, _ = fused(x, x, x, attn_mask=hide_all, need_weights=False)
+    expected, _ = plain(x, x, x, attn_mask=hide_all, need_weights=False)
+    assert (out - expected).abs().max() <= 1e-5
+    # output 0 before the output projection: out_proj's bias exactly
+    assert torch.allclose(out[1], fused.out_proj.bias.expand(2, 16))
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", FUSED)
+def test_half_precision_fused_path_is_close_to_float32(name, dtype):
+    fused, _ = module_pair(name, self_attention=True)
+    reference, _ = module_pair(name, self_attention=True)
+    fused = fused.to(dtype)
+    x = torch.randn(9, 2, 16)
+    expected, _ = reference(x, x, x, attn_mask=causal_mask(9), need_weights=False)
+    out, _ = fused(x.to(dtype), x.to(dtype), x.to(dtype), attn_mask=causal_mask(9).to(dtype), need_weights=False)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    assert (out.float() - expected).abs().max() <= 0.1
+
+
+def test_weights_requested_take_the_function_path():
+    calls = []
+    module = SparseMultiheadAttention(16, 4, attn_fn="softmax", self_attention=True)
+    original = module.spec.fn
+    module.spec = dataclasses.replace(module.spec, fn=lambda *a: calls.append(1) or original(*a))
+    x = torch.randn(3, 1, 16)
+    module(x, x, x, need_weights=False)
+    assert not calls
+    _, weights = module(x, x, x, need_weights=True)
+    assert calls and weights.shape == (1, 3, 3)
+
+
+def test_context_positions_are_cut_to_the_chunk():
+    ctx = AttentionContext(query_positions=torch.arange(6).view(1, 1, 6), key_positions=torch.arange(6).view(1, 1, 6))
+    part = sparse_multihead_attention._query_rows_of_context(ctx, slice(2, 4))
+    assert part.query_positions.tolist() == [[[2, 3]]] and torch.equal(part.key_positions, ctx.key_positions)

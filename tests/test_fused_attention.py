@@ -84,7 +84,8 @@ def test_query_chunks_give_the_unchunked_result(name, monkeypatch):
     padding = torch.zeros(2, 11, dtype=torch.bool)
     padding[1, :3] = True
     expected, _ = plain(x, x, x, key_padding_mask=padding, attn_mask=causal_mask(11), need_weights=False)
-    monkeypatch.setattr(sparse_multihead_attention, "SELECTION_CHUNK_ELEMENTS", 2 * 4 * 11 * 3)  # 3 queries a chunk
+    # one query a chunk for selections that read scores (2 x 4 x 11 entries each), three for the others
+    monkeypatch.setattr(sparse_multihead_attention, "SELECTION_CHUNK_ELEMENTS", 2 * 11 * 3)
     out, _ = fused(x, x, x, key_padding_mask=padding, attn_mask=causal_mask(11), need_weights=False)
     assert (out - expected).abs().max() <= 1e-5
 
@@ -148,3 +149,21 @@ def test_context_positions_are_cut_to_the_chunk():
     ctx = AttentionContext(query_positions=torch.arange(6).view(1, 1, 6), key_positions=torch.arange(6).view(1, 1, 6))
     part = sparse_multihead_attention._query_rows_of_context(ctx, slice(2, 4))
     assert part.query_positions.tolist() == [[[2, 3]]] and torch.equal(part.key_positions, ctx.key_positions)
+
+
+@pytest.mark.parametrize("name", [n for n in FUSED if get_attention(n).selection_reads_scores])
+def test_chunked_selection_reproduces_attention_dropout_and_its_gradients(name):
+    """With attention dropout the chunked path drops the same weights as the function (same
+    random stream, one chunk) and its backward reuses that dropout mask."""
+    fused, plain = module_pair(name, self_attention=True, dropout=0.3)
+    fused.train(), plain.train()
+    x = torch.randn(6, 2, 16)
+    results = []
+    for module in (fused, plain):
+        torch.manual_seed(11)
+        inputs = x.clone().requires_grad_(True)
+        out, _ = module(inputs, inputs, inputs, attn_mask=causal_mask(6), need_weights=False)
+        (out * torch.linspace(-1, 1, 16)).sum().backward()
+        results.append((out.detach(), inputs.grad, module.q_proj.weight.grad, module.v_proj.weight.grad))
+    for got, expected in zip(*results):
+        assert (got - expected).abs().max() <= 1e-5

@@ -10,17 +10,18 @@ encoder and in incremental decoding.
 Two paths compute it:
 
 * fused, when no weights are requested and the method registers a *selection*
-  (softmax, top-k, the structured patterns; see ``attention.registry``): the keys
-  the selection hides become a boolean mask (log key counts an additive one) of
-  ``scaled_dot_product_attention``, so no (B, H, T, S) float matrix is kept for the
-  backward pass. Selections that read scores (top-k) compute them without gradient,
-  one chunk of queries at a time, so their working memory is O(chunk x S);
+  (softmax, top-k, the structured patterns; see ``attention.registry``): softmax,
+  and a pattern whose queries fit in one chunk, run ``scaled_dot_product_attention``
+  with the hidden keys as a boolean mask (log key counts as an additive one);
+  selections that read scores (top-k), and patterns over long sequences, run in
+  query chunks that keep bit masks, not float matrices, for the backward pass
+  (``selected_softmax``);
 * the registered function over float32 scores otherwise (weights requested, as by
   the decoder's alignment layer and the analysis tools; every other method).
 """
 
 import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +29,13 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
 from ..attention import AttentionContext, check_k, get_attention
+from ..attention.functions import visible_keys
+from .selected_softmax import ChunkPlan, SelectedSoftmaxInChunks
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
-# Scores a selection sees at once (queries are chunked above this): 2**20 floats = 4 MiB.
-SELECTION_CHUNK_ELEMENTS = 2**20
+# Query chunks of the fused path hold at most this many (query, key) entries per chunk
+# (float32 scores, or the int64 ranks of a pattern): 2**16 = 256 KiB of float32.
+SELECTION_CHUNK_ELEMENTS = 2**16
 
 
 class SparseMultiheadAttention(MultiheadAttention):
@@ -147,7 +151,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, embed_dim = query.shape
 
-        q = self._split_heads(self.q_proj(query) * self.scaling)
+        q = self._split_heads(self.q_proj(query))  # unscaled: the kernel of the fused path scales it
         k, v, key_padding_mask = self._keys_and_values(query, key, key_padding_mask, incremental_state, static_kv)
         mask, bias = _combine_masks(attn_mask, key_padding_mask)
         ctx = AttentionContext(
@@ -167,9 +171,9 @@ class SparseMultiheadAttention(MultiheadAttention):
         if self.spec.uses_positions:
             ctx.query_positions, ctx.key_positions = self._positions(key_padding_mask, k.size(2), tgt_len, incremental_state)
         if self.spec.selection is not None and not need_weights:
-            out, weights = self._fused_softmax(q, k, v, mask, bias, ctx), None
+            out, weights = self._selected_softmax(q, k, v, mask, bias, ctx), None
         else:
-            scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B, H, T, S)
+            scores = torch.matmul(q * self.scaling, k.transpose(-1, -2)).float()  # (B, H, T, S)
             if bias is not None:
                 scores = scores + bias
             out, weights = self.spec.fn(scores, v, mask, ctx)
@@ -184,20 +188,38 @@ class SparseMultiheadAttention(MultiheadAttention):
         weights = weights.transpose(0, 1)  # (H, B, T, S)
         return out, (weights if need_head_weights else weights.mean(dim=0))
 
-    def _fused_softmax(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
-                       ctx: AttentionContext) -> Tensor:
-        """Softmax over the keys ``spec.selection`` leaves, by ``scaled_dot_product_attention``.
+    def _selected_softmax(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
+                          ctx: AttentionContext) -> Tensor:
+        """Softmax over the keys ``spec.selection`` leaves, without (B, H, T, S) float matrices.
 
-        q: (B, H, T, d_h), already scaled; k, v: (B, H, S, d_h). Returns (B, H, T, d_h).
+        q: (B, H, T, d_h), not yet scaled; k, v: (B, H, S, d_h). Returns (B, H, T, d_h).
+        Selections that read scores, and every selection once the queries need several
+        chunks (long sequences), run chunk by chunk (``SelectedSoftmaxInChunks``); the
+        others become a boolean mask of ``scaled_dot_product_attention`` (softmax: just
+        the padding and causal mask).
         """
-        hidden = self._hidden_keys(q, k, mask, bias, ctx)
+        rows = self._query_chunks(q, k)
+        if self.spec.selection_reads_scores or len(rows) > 1:
+            plan = ChunkPlan(
+                select=self.spec.selection, rows=rows,
+                mask_rows=lambda r: _query_rows(mask, r), bias_rows=lambda r: _query_rows(bias, r),
+                context_rows=lambda r: ctx if len(rows) == 1 else _query_rows_of_context(ctx, r),
+                scale=self.scaling, dropout=self.dropout_module, dropout_p=self._dropout_p(),
+            )
+            return SelectedSoftmaxInChunks.apply(q, k, v, plan)
+        with torch.no_grad():  # shape and device only: the selection never reads the placeholder
+            placeholder = q.new_zeros(()).expand(q.size(0), 1, q.size(2), k.size(2))
+            hidden = self.spec.selection(placeholder, mask, ctx)
         empty_rows = None
         if hidden is not None:
-            # A query with no key left gets output 0 (the registry's contract). Such a row
-            # attends to every key inside the kernel (no -inf-only softmax, hence no NaN in
-            # either pass) and is zeroed afterwards, which also zeroes its gradient.
             empty_rows = hidden.all(dim=-1, keepdim=True)
-            hidden = hidden & ~empty_rows
+            if bool(empty_rows.any()):
+                # A query with no key left gets output 0 (the registry's contract): inside the
+                # kernel it attends to every key (no softmax of -inf only, so no NaN in either
+                # pass), and it is zeroed afterwards, which also zeroes its gradient.
+                hidden = hidden & ~empty_rows
+            else:
+                empty_rows = None  # the usual case: no extra pass over the output
         additive = bias
         if ctx.key_counts is not None:  # c identical keys: exp(s + log c) = c exp(s)
             log_counts = ctx.key_counts.clamp(min=1).log()  # count-0 slots are hidden anyway
@@ -208,40 +230,22 @@ class SparseMultiheadAttention(MultiheadAttention):
                 attn_mask = attn_mask.masked_fill(hidden, float("-inf"))
         else:
             attn_mask = None if hidden is None else ~hidden
-        dropout = self.dropout_module
-        dropout_p = dropout.p if (dropout.training or dropout.apply_during_inference) else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=1.0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=self._dropout_p(), scale=self.scaling)
         return out if empty_rows is None else out.masked_fill(empty_rows, 0.0)
 
-    def _hidden_keys(self, q: Tensor, k: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
-                     ctx: AttentionContext) -> Optional[Tensor]:
-        """The selection's hidden keys, bool broadcastable to (B, H, T, S), or None (none hidden).
+    def _dropout_p(self) -> float:
+        dropout = self.dropout_module
+        return dropout.p if (dropout.training or dropout.apply_during_inference) else 0.0
 
-        Computed without gradient, SELECTION_CHUNK_ELEMENTS scores (or placeholder
-        entries for score-free selections) at a time.
-        """
+    def _query_chunks(self, q: Tensor, k: Tensor) -> List[slice]:
+        """Slices of the queries with at most SELECTION_CHUNK_ELEMENTS (B x H x S per query) entries
+        each; softmax's selection (the mask) needs no chunks."""
         bsz, heads, tgt_len, _ = q.shape
-        src_len = k.size(2)
-        select, reads_scores = self.spec.selection, self.spec.selection_reads_scores
-        per_query = (bsz * heads if reads_scores else bsz) * src_len
+        if self.spec.selection is visible_keys:
+            return [slice(0, tgt_len)]
+        per_query = bsz * heads * k.size(2)
         chunk = max(1, SELECTION_CHUNK_ELEMENTS // max(1, per_query))
-        parts = []
-        with torch.no_grad():
-            for start in range(0, tgt_len, chunk):
-                rows = slice(start, min(start + chunk, tgt_len))
-                if reads_scores:
-                    scores = torch.matmul(q[:, :, rows], k.transpose(-1, -2))
-                    if bias is not None:
-                        scores = scores + _query_rows(bias, rows).to(scores.dtype)
-                else:  # shape and device only: the selection never reads it
-                    scores = q.new_zeros(()).expand(bsz, 1, rows.stop - rows.start, src_len)
-                chunk_ctx = ctx if chunk >= tgt_len else _query_rows_of_context(ctx, rows)
-                parts.append(select(scores, _query_rows(mask, rows), chunk_ctx))
-        if len(parts) == 1 or parts[0] is None:
-            return parts[0]
-        # a part that does not depend on the query (size 1 there) stands for every row of its chunk
-        sizes = [min(chunk, tgt_len - start) for start in range(0, tgt_len, chunk)]
-        return torch.cat([part.expand(*part.shape[:-2], n, part.size(-1)) for part, n in zip(parts, sizes)], dim=-2)
+        return [slice(start, min(start + chunk, tgt_len)) for start in range(0, tgt_len, chunk)]
 
     def _positions(
         self, key_padding_mask: Optional[Tensor], num_keys: int, tgt_len: int, incremental_state: Optional[IncrementalState]

@@ -6,7 +6,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_sparse.models.sparse_transformer import SparseTransformerEncoder
-from fairseq_sparse.criterions.l0drop import L0DropCriterion, MissingGatesError
+from fairseq_sparse.criterions.l0drop import L0DropCriterion, MissingGatesError, expected_open_rate
 from fairseq_sparse.modules.l0drop import (
     HardConcreteGate,
     compress_memory,
@@ -67,8 +67,6 @@ def test_compressed_memory_layout():
     assert torch.equal(mask, counts == 0)
     assert memory[:, 0, 0].tolist() == [0, 1, 7, 0]  # zero slot, then tokens 0 and 2 of sentence 0
     assert memory[:, 2, 0].tolist() == [0, 6, 9, 12]
-    _, _, uncounted = compress_memory(x, gates, padding, count_pruned=False)
-    assert uncounted[:, 0].tolist() == [0, 0, 0]
 
 
 def generate(model, batch, beam, compress):
@@ -131,9 +129,9 @@ def test_every_layer_gates_add_their_penalties():
     assert ((per_token > 1.9) & (per_token <= 2.0)).all()
 
 
-def criterion(l0_lambda=0.5, warmup=0, label_smoothing=0.1):
+def criterion(l0_lambda=0.5, warmup=0, label_smoothing=0.1, normalization="sentence"):
     return L0DropCriterion(TinyTask(), sentence_avg=False, label_smoothing=label_smoothing, l0_lambda=l0_lambda,
-                           l0_lambda_warmup_updates=warmup)
+                           l0_lambda_warmup_updates=warmup, l0_normalization=normalization)
 
 
 def sample_from(batch):
@@ -142,16 +140,84 @@ def sample_from(batch):
     return {"net_input": batch, "target": target, "ntokens": int(target.ne(1).sum())}
 
 
-def test_criterion_adds_lambda_times_expected_l0_scaled_to_target_tokens():
+def test_expected_open_rate_per_sentence_and_per_token_by_hand():
+    """Lengths 3, 8 and 20; every gate of a sentence open with probability 0.9, 0.5, 0.2."""
+    lengths, probabilities = [3, 8, 20], [0.9, 0.5, 0.2]
+    padding = torch.tensor([[i >= n for i in range(20)] for n in lengths])
+    expected_l0 = torch.tensor([[p if i < n else 0.0 for i in range(20)] for n, p in zip(lengths, probabilities)])
+    # the official code: (3*0.9/3 + 8*0.5/8 + 20*0.2/20) / 3 = (0.9 + 0.5 + 0.2) / 3
+    assert expected_open_rate(expected_l0, padding, "sentence").item() == pytest.approx(1.6 / 3)
+    # pooled: (2.7 + 4 + 4) / 31
+    assert expected_open_rate(expected_l0, padding, "token").item() == pytest.approx(10.7 / 31)
+    with pytest.raises(ValueError, match="'sentence' or 'token'"):
+        expected_open_rate(expected_l0, padding, "batch")
+
+
+@pytest.mark.parametrize("normalization", ["sentence", "token"])
+def test_criterion_adds_lambda_times_the_open_rate_scaled_to_target_tokens(normalization):
     model = build_model(l0drop=True).eval()
-    sample = sample_from(random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 4, 6]))
-    base, _, _ = criterion(l0_lambda=0.0)(model, sample)
-    with_l0, sample_size, log = criterion(l0_lambda=0.5)(model, sample)
-    src_tokens = sample["net_input"]["src_tokens"].ne(1).sum()
-    expected = 0.5 * log["l0_open"] * sample_size / src_tokens
-    assert torch.allclose(with_l0 - base, expected)
-    assert log["l0_open"] == pytest.approx(float(probability_open(torch.tensor(3.0))) * int(src_tokens), rel=1e-5)
+    sample = sample_from(random_batch(lengths=[7, 2, 9], tgt_lengths=[6, 4, 6]))
+    base, _, _ = criterion(l0_lambda=0.0, normalization=normalization)(model, sample)
+    with_l0, sample_size, log = criterion(l0_lambda=0.5, normalization=normalization)(model, sample)
+    padding = sample["net_input"]["src_tokens"].eq(1)
+    open_probability = float(probability_open(torch.tensor(3.0)))  # every gate at its initialisation
+    lengths = (~padding).sum(dim=1).float()
+    # every gate open with probability p: the rate is p per sentence and pooled
+    assert (with_l0 - base).item() == pytest.approx(0.5 * open_probability * sample_size, rel=1e-5)
+    src_tokens = int(lengths.sum())
+    assert log["l0_open"] == pytest.approx(open_probability * src_tokens, rel=1e-5)
     assert log["src_tokens"] == src_tokens and log["l0_closed"] == 0
+
+
+def test_per_sentence_penalty_pushes_short_sentences_harder():
+    """d rate / d expected L0 of one gate: 1 / (sentences x its sentence's length) per sentence,
+    1 / source tokens pooled. Lengths 2 and 16: 1/4 and 1/32 against 1/18 for both."""
+    padding = torch.tensor([[i >= n for i in range(16)] for n in (2, 16)])
+    grads = {}
+    for normalization in ("sentence", "token"):
+        expected_l0 = (~padding).float().mul(0.5).requires_grad_(True)
+        expected_open_rate(expected_l0, padding, normalization).backward()
+        grads[normalization] = expected_l0.grad
+    assert grads["sentence"][0, 0].item() == pytest.approx(1 / 4) and grads["sentence"][1, 0].item() == pytest.approx(1 / 32)
+    assert grads["token"][0, 0].item() == pytest.approx(1 / 18) and grads["token"][1, 0].item() == pytest.approx(1 / 18)
+
+
+def test_logged_lambda_is_an_average_of_summed_outputs():
+    """fairseq sums logging outputs over processes and --update-freq batches before reducing them."""
+    from fairseq.logging import metrics
+
+    logs = [{"l0_lambda": 0.3, "l0_batches": 1, "src_tokens": 10, "l0_open": 5.0, "l0_closed": 2,
+             "loss": 1.0, "nll_loss": 1.0, "ntokens": 10, "nsentences": 2, "sample_size": 10}] * 2
+    summed = {key: sum(log[key] for log in logs) for key in logs[0]}
+    with metrics.aggregate() as aggregator:
+        L0DropCriterion.reduce_metrics([summed])
+        values = aggregator.get_smoothed_values()
+    assert values["l0_lambda"] == pytest.approx(0.3)
+    assert values["l0_loss"] == pytest.approx(0.5) and values["sparsity"] == pytest.approx(0.2)
+
+
+def test_mask_pruned_hides_pruned_encodings_in_training_only():
+    """--l0drop-mask-pruned (the official code): pruned encodings are masked in training; decoding
+    keeps the zero slot with its count, so it equals the paper's model exactly."""
+    batch = random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 4, 6], seed=2)
+    masked = close_some_gates(build_model(l0drop=True, l0drop_mask_pruned=True, seed=2).eval(), batch)
+    paper = build_model(l0drop=True, seed=2).eval()
+    paper.load_state_dict(masked.state_dict())
+    masked.encoder.compress = paper.encoder.compress = False
+    with torch.no_grad():
+        encoded = masked.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])
+        padding = batch["src_tokens"].eq(1)
+        assert torch.equal(encoded["encoder_padding_mask"][0], padding)  # evaluation: nothing hidden
+        assert torch.equal(masked(**batch)[0], paper(**batch)[0])
+        masked.encoder.compress = True
+        compressed = masked.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])
+        closed = encoded["l0drop_closed"][0]
+        assert compressed["encoder_key_counts"][0][:, 0].tolist() == closed.sum(dim=1).tolist()
+        masked.train()
+        torch.manual_seed(0)
+        trained = masked.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])
+    sampled_closed = trained["encoder_out"][0].transpose(0, 1).abs().sum(-1) == 0
+    assert torch.equal(trained["encoder_padding_mask"][0], padding | (sampled_closed & ~padding))
 
 
 def test_lambda_ramps_linearly_over_warmup():

@@ -1,20 +1,32 @@
 """``label_smoothed_cross_entropy_l0drop``: label-smoothed CE + lambda x expected L0 (L0Drop eq. 12).
 
 Scaling: fairseq sums the loss over target tokens and divides the gradient by the
-sample size (target tokens). The penalty is the expected number of open gates (eq.
-10, padding excluded) times sample_size / source tokens, so after fairseq's division
-the objective is mean CE per target token + lambda x expected fraction of open
-gates per source token, the normalisation of the official L0Drop code (lambda values
-from the paper, 0.1-1.5, mean the same here).
+sample size (target tokens). The penalty is an expected open-gate rate (eq. 10,
+padding excluded) times sample_size, so after fairseq's division the objective is
+mean CE per target token + lambda x that rate. ``--l0-normalization`` chooses the rate:
 
-Logged in train and valid: ``l0_loss`` (expected open-gate rate, before lambda),
-``sparsity`` (closed gates g_hat = 0 / source tokens, the paper's definition) and
-``l0_lambda`` (the current, possibly ramped, weight).
+* ``sentence`` (default, the official code): each sentence's expected number of open
+  gates over its own length, averaged over the sentences of the batch;
+* ``token``: the batch's expected open gates over its source tokens (a long sentence's
+  gates weigh more, a short one's less).
+
+Lambda values from the paper (0.1-1.5) mean the same with either.
+
+Logged in train and valid: ``l0_loss`` (expected open-gate rate per source token, before
+lambda; summed over the gated layers with --l0drop-every-layer), ``sparsity`` (closed gates
+g_hat = 0 / source tokens, the paper's definition) and ``l0_lambda`` (the current, possibly
+ramped, weight).
 """
+
+import logging
+from typing import Optional
+
 
 from dataclasses import dataclass, field
 
 import torch
+from fairseq.dataclass import ChoiceEnum
+from torch import Tensor
 from fairseq import metrics, utils
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
@@ -26,6 +38,11 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 @dataclass
 class L0DropCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     l0_lambda: float = field(default=0.3, metadata={"help": "weight of the expected L0 penalty (paper: 0.2-0.3)"})
+    l0_normalization: ChoiceEnum(["sentence", "token"]) = field(
+        default="sentence",
+        metadata={"help": "expected open-gate rate penalised: per sentence, then averaged over sentences "
+                          "(the official code), or pooled over the batch's source tokens"},
+    )
     l0_lambda_warmup_updates: int = field(
         default=0,
         metadata={"help": "ramp lambda linearly from 0 over this many updates (training from scratch); "
@@ -37,20 +54,47 @@ class MissingGatesError(ValueError):
     pass
 
 
+logger = logging.getLogger(__name__)
+
+
+def expected_open_rate(expected_l0: Tensor, padding: Optional[Tensor], normalization: str) -> Tensor:
+    """The L0 penalty before lambda: an expected open-gate rate of the batch (a scalar).
+
+    expected_l0: (B, T) expected L0 of each gate, 0 at padding; padding: (B, T) True at padding.
+    ``sentence``: mean over sentences of (sum over the sentence / its length);
+    ``token``: sum over the batch / number of real tokens.
+    """
+    real = torch.ones_like(expected_l0, dtype=torch.bool) if padding is None else ~padding
+    open_gates = expected_l0.float().sum(dim=1)
+    lengths = real.sum(dim=1)
+    if normalization == "token":
+        return open_gates.sum() / lengths.sum().clamp(min=1)
+    if normalization != "sentence":
+        raise ValueError(f"--l0-normalization must be 'sentence' or 'token', got {normalization!r}")
+    nonempty = lengths > 0
+    return (open_gates[nonempty] / lengths[nonempty]).mean() if nonempty.any() else open_gates.sum() * 0
+
+
 @register_criterion("label_smoothed_cross_entropy_l0drop", dataclass=L0DropCriterionConfig)
 class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
     MISSING_GATES = ("criterion label_smoothed_cross_entropy_l0drop needs a model with L0Drop gates: train "
                      "--arch transformer_sparse* with --l0drop (or use --criterion label_smoothed_cross_entropy)")
 
     def __init__(self, task, sentence_avg, label_smoothing, l0_lambda, l0_lambda_warmup_updates,
-                 ignore_prefix_size=0, report_accuracy=False):
+                 l0_normalization="sentence", ignore_prefix_size=0, report_accuracy=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if getattr(task, "model_has_l0drop_gates", None) is False:
             raise MissingGatesError(self.MISSING_GATES)
         if l0_lambda < 0 or l0_lambda_warmup_updates < 0:
             raise ValueError("--l0-lambda and --l0-lambda-warmup-updates must be >= 0")
+        if l0_normalization not in ("sentence", "token"):
+            raise ValueError(f"--l0-normalization must be 'sentence' or 'token', got {l0_normalization!r}")
         self.l0_lambda = l0_lambda
         self.warmup_updates = l0_lambda_warmup_updates
+        self.normalization = str(l0_normalization)
+        logger.info(f"L0Drop penalty: lambda {l0_lambda} x expected open-gate rate per "
+                    f"{'sentence, averaged over sentences' if self.normalization == 'sentence' else 'source token'}"
+                    + (f", lambda ramped over {l0_lambda_warmup_updates} updates" if l0_lambda_warmup_updates else ""))
 
     def current_lambda(self, model) -> float:
         if self.warmup_updates == 0:
@@ -64,10 +108,12 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
             raise MissingGatesError(self.MISSING_GATES)
         loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
-        src_tokens = sample["net_input"]["src_tokens"].ne(self.padding_idx).sum()
+        padding = sample["net_input"]["src_tokens"].eq(self.padding_idx)
+        src_tokens = (~padding).sum()
         expected_l0 = extra["l0drop_expected_l0"].sum()
         weight = self.current_lambda(model)
-        loss = loss + weight * expected_l0 * (sample_size / src_tokens.clamp(min=1))
+        penalty = expected_open_rate(extra["l0drop_expected_l0"], padding, self.normalization)
+        loss = loss + weight * penalty.to(loss.dtype) * sample_size
         logging_output = {
             "loss": loss.data,
             "nll_loss": nll_loss.data,
@@ -77,7 +123,10 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
             "l0_open": expected_l0.data,
             "l0_closed": extra["l0drop_closed"].sum().data,
             "src_tokens": src_tokens.data,
+            # logging outputs are summed over processes and --update-freq batches: log the
+            # weight with a count, so reduce_metrics can average it back
             "l0_lambda": weight,
+            "l0_batches": 1,
         }
         if self.report_accuracy:
             n_correct, total = self.compute_accuracy(model, net_output, sample)
@@ -95,5 +144,7 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
             closed = sum(float(log.get("l0_closed", 0)) for log in logging_outputs)
             metrics.log_scalar("l0_loss", open_gates / src_tokens, src_tokens, round=4)
             metrics.log_scalar("sparsity", closed / src_tokens, src_tokens, round=4)
-        if logging_outputs:
-            metrics.log_scalar("l0_lambda", logging_outputs[0].get("l0_lambda", 0.0), weight=0, round=4)
+        batches = sum(log.get("l0_batches", 0) for log in logging_outputs)
+        if batches:
+            weights = sum(float(log.get("l0_lambda", 0.0)) for log in logging_outputs)
+            metrics.log_scalar("l0_lambda", weights / float(batches), weight=0, round=4)

@@ -48,8 +48,9 @@ def add_l0drop_args(parser) -> None:
     parser.add_argument("--encoder-prune-pos-table", metavar="FILE",
                         help="word types the pos pattern prunes, one a line (scripts/build_pos_prune_table.py)")
     parser.add_argument("--l0drop-mask-pruned", action="store_true",
-                        help="hide pruned encodings from cross-attention (the official code) instead of "
-                             "keeping them attendable as zero vectors (the paper, default); no count slot")
+                        help="in training, hide pruned encodings from cross-attention (the official code) "
+                             "instead of keeping them attendable as zero vectors (the paper, default); "
+                             "decoding is the same either way: the zero slot with its count (Algorithm 1)")
 
 
 def l0drop_defaults(args) -> None:
@@ -112,10 +113,13 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
         out["l0drop_expected_l0"] = [gate.expected_l0 + sum(g.expected_l0 for g in inner)]
         out["l0drop_closed"] = [gate.closed]
         if self.training or not self.compress:
-            mask = padding | (gate.gates == 0) if self.mask_pruned else padding
+            # the official code hides pruned encodings in training only; at decoding they stay
+            # attendable as zero vectors (its count_mask), as in the paper
+            hide_pruned = self.mask_pruned and self.training
+            mask = padding | (gate.gates == 0) if hide_pruned else padding
             out["encoder_out"], out["encoder_padding_mask"] = [x], [mask]
         else:
-            memory, mask, counts = compress_memory(x, gate.gates, padding, count_pruned=not self.mask_pruned)
+            memory, mask, counts = compress_memory(x, gate.gates, padding)
             out["encoder_out"], out["encoder_padding_mask"], out["encoder_key_counts"] = [memory], [mask], [counts]
         return out
 

@@ -80,15 +80,15 @@ class HardConcreteGate(nn.Module):
 
 
 def compress_memory(
-    x: Tensor, gates: Tensor, padding_mask: Optional[Tensor], count_pruned: bool = True
+    x: Tensor, gates: Tensor, padding_mask: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Algorithm 1, step 1: drop encodings whose gate is 0, prepend one zero slot counting them.
 
     x: (T, B, C) gated encoder outputs (x * g); gates: (B, T), 0 at padding.
     Returns memory (1 + W, B, C) with slot 0 a zero vector followed by each sentence's
     kept encodings in order (W = most kept in the batch), its padding mask (B, 1 + W)
-    and key counts (B, 1 + W): slot 0 = number pruned (0, i.e. masked, when
-    ``count_pruned`` is False or nothing was pruned), kept slots 1, padding 0.
+    and key counts (B, 1 + W): slot 0 = number pruned (0, i.e. masked, when nothing
+    was pruned), kept slots 1, padding 0.
     """
     bsz = x.size(1)
     kept = gates > 0
@@ -102,6 +102,5 @@ def compress_memory(
     slot_used = torch.arange(width, device=x.device)[None, :] < num_kept[:, None]
     rows = rows.masked_fill(~slot_used.unsqueeze(-1), 0.0)
     memory = torch.cat([rows.new_zeros(bsz, 1, x.size(-1)), rows], dim=1).transpose(0, 1)
-    pruned_count = num_pruned if count_pruned else torch.zeros_like(num_pruned)
-    counts = torch.cat([pruned_count[:, None].to(x.dtype), slot_used.to(x.dtype)], dim=1).float()
+    counts = torch.cat([num_pruned[:, None].to(x.dtype), slot_used.to(x.dtype)], dim=1).float()
     return memory, counts == 0, counts

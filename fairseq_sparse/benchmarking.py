@@ -1,15 +1,17 @@
 """Shared pieces of the benchmarks in ``benchmarks/``: batches, models, interleaved timing,
-forced-length decoding, L0Drop gates set to a chosen sparsity.
+forced-length decoding, L0Drop gates set to a chosen sparsity, and stock fairseq's own
+Transformer with a plugin model's weights (the ``fairseq`` reference row).
 
 Timings are never asserted in tests; these helpers only measure.
 """
 
 import argparse
+import dataclasses
 import gc
 import math
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from fairseq.data import Dictionary, data_utils
@@ -24,6 +26,28 @@ PLACEMENT = {"hard": ("decoder", "cross")}
 ALL_SUBLAYERS = ("encoder", "decoder", "cross")
 # The benchmark row of the softmax model with L0Drop gates, decoded from the compressed memory.
 L0DROP = "l0drop"
+# The benchmark row of stock fairseq's own Transformer (fairseq.models.transformer and
+# fairseq.modules.MultiheadAttention), loaded with the weights of the plugin's softmax row.
+FAIRSEQ = "fairseq"
+
+# Stock fairseq's architecture of the same sizes as each transformer_sparse architecture:
+# (architecture of fairseq's `transformer` model, options set on top of it). The method
+# presets map to their size bases. build_stock_reference checks that every field of the two
+# models' TransformerConfig agrees, so a wrong entry fails loudly instead of timing another model.
+STOCK_ARCHITECTURES: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "transformer_sparse": ("transformer", {}),
+    "transformer_sparse_iwslt_de_en": ("transformer_iwslt_de_en", {}),
+    "transformer_sparse_wmt_en_de_big": ("transformer_vaswani_wmt_en_de_big", {}),
+    "transformer_sparse_mini": ("transformer_iwslt_de_en", {"encoder_layers": 2, "decoder_layers": 2}),
+    "transformer_topk_iwslt_de_en": ("transformer_iwslt_de_en", {}),
+    "transformer_sparsemax_iwslt_de_en": ("transformer_iwslt_de_en", {}),
+    "transformer_entmax15_iwslt_de_en": ("transformer_iwslt_de_en", {}),
+    "transformer_hard_wmt_en_de": ("transformer", {}),
+    "transformer_rela_wmt_en_de": ("transformer", {}),
+    "transformer_sparse_doc": ("transformer", {"max_source_positions": 1024, "max_target_positions": 1024}),
+    "transformer_topk_oow_doc": ("transformer", {"max_source_positions": 1024, "max_target_positions": 1024}),
+    "transformer_topk_fr_en_mini": ("transformer", {"encoder_layers": 2, "decoder_layers": 2}),
+}
 
 
 def placement(fn: str, self_only: bool) -> Tuple[str, ...]:
@@ -110,16 +134,103 @@ def build_row(row: str, arch: str, dictionary: Dictionary, seed: int, device: st
     return build(arch, dictionary, seed, device, attn_k=k, **{f"{s}_attn_fn": row for s in row_sublayers(row)}), None
 
 
-def forced_length_decoder(model, dictionary: Dictionary, beam: int, steps: int) -> Callable[[Dict], None]:
-    """Beam search with min_len = max_len, so every model decodes the same number of steps."""
+def stock_architecture(arch: str) -> Tuple[str, Dict[str, Any]]:
+    """Stock fairseq's ``transformer`` architecture (and options) of the same sizes as ``arch``."""
+    if arch not in STOCK_ARCHITECTURES:
+        raise ValueError(f"no stock fairseq counterpart is known for --arch {arch}; "
+                         f"known: {', '.join(sorted(STOCK_ARCHITECTURES))}")
+    return STOCK_ARCHITECTURES[arch]
+
+
+def describe_stock_architecture(arch: str) -> str:
+    stock, options = stock_architecture(arch)
+    return stock + "".join(f", {key}={value}" for key, value in options.items())
+
+
+def _flat_config(cfg, prefix: str = "") -> Dict[str, Any]:
+    items = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+    flat = {}
+    for key, value in items.items():
+        if isinstance(value, dict):
+            flat.update(_flat_config(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def build_stock_reference(arch: str, reference, dictionary: Dictionary, seed: int, device: str):
+    """Stock fairseq's Transformer of ``arch``'s sizes, with the weights of ``reference`` (a softmax plugin model).
+
+    transformer_sparse keeps fairseq's module tree and parameter names, so the state dict
+    loads as it is. Raises ``RuntimeError`` (naming the keys or the configuration fields)
+    if the parameter names or shapes, or any field of the models' TransformerConfig, differ.
+    """
+    stock_arch, options = stock_architecture(arch)
+    stock = build(stock_arch, dictionary, seed, device, **options)
+    ours, theirs = _flat_config(reference.cfg), _flat_config(stock.cfg)
+    differing = sorted(k for k in set(ours) | set(theirs) if ours.get(k, "<absent>") != theirs.get(k, "<absent>"))
+    if differing:
+        raise RuntimeError(f"stock fairseq's {stock_arch} is not configured like {arch}: "
+                           + "; ".join(f"{k}: plugin {ours.get(k, '<absent>')!r}, fairseq {theirs.get(k, '<absent>')!r}"
+                                       for k in differing))
+    state = reference.state_dict()
+    own_keys = set(stock.state_dict())
+    missing, unexpected = sorted(own_keys - set(state)), sorted(set(state) - own_keys)
+    if missing or unexpected:
+        raise RuntimeError(f"parameter names differ between the plugin's {arch} and stock fairseq's {stock_arch}: "
+                           f"{len(missing)} missing from the plugin's state dict {missing[:5]}, "
+                           f"{len(unexpected)} not in stock fairseq's {unexpected[:5]}")
+    stock.load_state_dict(state, strict=True)  # raises on any shape mismatch
+    return stock
+
+
+def forced_length_decoder(model, dictionary: Dictionary, beam: int, steps: int) -> Callable[[Dict], List]:
+    """Beam search with min_len = max_len, so every model decodes the same number of steps.
+
+    The returned function gives ``SequenceGenerator.generate``'s hypotheses (a list per sentence).
+    """
     generator = SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=steps, min_len=steps)
 
-    def decode(batch: Dict[str, torch.Tensor]) -> None:
+    def decode(batch: Dict[str, torch.Tensor]) -> List:
         model.eval()
         with torch.no_grad():
-            generator.generate([model], {"net_input": {k: batch[k] for k in ("src_tokens", "src_lengths")}})
+            return generator.generate([model], {"net_input": {k: batch[k] for k in ("src_tokens", "src_lengths")}})
 
     return decode
+
+
+def compare_models(model_a, model_b, batch: Dict[str, torch.Tensor], dictionary: Dictionary, beam: int,
+                   steps: int) -> Dict[str, Any]:
+    """Do two models compute the same function? Eval mode, teacher-forced logits and forced-length beam search.
+
+    Returns the max abs difference of the logits over ``batch`` and of the hypotheses'
+    scores, and in how many sentences the beam hypotheses (tokens, in order) differ.
+    """
+    was_training = model_a.training, model_b.training
+    model_a.eval(), model_b.eval()
+    with torch.no_grad():
+        logits_a, logits_b = model_a(**batch)[0].float(), model_b(**batch)[0].float()
+    hyps_a = forced_length_decoder(model_a, dictionary, beam, steps)(batch)
+    hyps_b = forced_length_decoder(model_b, dictionary, beam, steps)(batch)
+    model_a.train(was_training[0]), model_b.train(was_training[1])
+    differ, score_diff = 0, 0.0
+    for sent_a, sent_b in zip(hyps_a, hyps_b):
+        same = len(sent_a) == len(sent_b) and all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(sent_a, sent_b))
+        differ += not same
+        if same:
+            score_diff = max([score_diff] + [abs(float(a["score"]) - float(b["score"])) for a, b in zip(sent_a, sent_b)])
+    return {"max_abs_logit_diff": (logits_a - logits_b).abs().max().item(), "sentences": len(hyps_a),
+            "hypotheses_differ": differ, "max_abs_score_diff": score_diff}
+
+
+def long_batch(dictionary: Dictionary, count: int, length: int, seed: int, device: str):
+    """``count`` random sequences of exactly ``length`` tokens (EOS included) as sources and targets."""
+    gen = torch.Generator().manual_seed(seed + length)
+    sequences = [torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (length - 1,), generator=gen),
+                            torch.tensor([dictionary.eos()])]) for _ in range(count)]
+    targets = [torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (length - 1,), generator=gen),
+                          torch.tensor([dictionary.eos()])]) for _ in range(count)]
+    return make_batch(sequences, targets, dictionary, device)
 
 
 def timed(fn: Callable[[], None], device: str) -> float:

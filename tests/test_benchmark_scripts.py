@@ -7,8 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from fairseq_sparse.attention import attention_names
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
 # One intra-op thread: the smoke tests must not depend on (or fight over) the machine's cores.
 TINY_MODEL = ["--arch", "transformer_sparse_mini", "--threads", "1"]
 
@@ -17,8 +21,13 @@ RUNS = {
                   ["| subword | "]),
     "operations.py": (["--threads", "1", "--iterations", "5", "--repeats", "1", "--hypotheses", "4"],
                       ["| normalise / argmax |", "hard / standard time:"]),
-    "memory.py": (["--threads", "1", "--length", "16", "--embed-dim", "16", "--heads", "2", "--functions", "softmax", "topk"],
-                  ["topk"]),
+    "memory.py": (["--threads", "1", "--lengths", "16", "24", "--embed-dim", "16", "--heads", "2", "--functions", "softmax", "topk",
+                   "--causal"],
+                  ["| fairseq | ", "| topk | ", "causal (decoder), length 16,", "causal (decoder), length 24,",
+                   "| function | forward MiB | ×fairseq | ×softmax |"]),
+    "cuda_equality.py": (TINY_MODEL[:2] + ["--device", "cpu", "--threads", "1", "--batch-size", "2", "--src-len", "6",
+                                           "--vocab", "50", "--functions", "softmax", "hard", "l0drop", "fairseq"],
+                         ["| hard | decoder+cross | 0.00e+00 |", "| fairseq | ", "0 of 4 rows differ or failed"]),
     "profile_decode.py": (TINY_MODEL + ["--batch-size", "1", "--decode-len", "2", "--vocab", "50",
                                         "--functions", "softmax", "hard", "l0drop"],
                           ["| hard | ", "| l0drop | ", "Amdahl bound"]),
@@ -43,16 +52,27 @@ def test_run_prints_tables_and_writes_csv(tmp_path):
     out = tmp_path / "speed.csv"
     result = run("run.py", *TINY_MODEL, "--batch-size", "2", "--single-sentences", "1", "--src-len", "6",
                  "--decode-len", "2", "--repeats", "1", "--vocab", "50", "--functions", "topk", "hard", "window", "l0drop",
-                 "--csv", str(out))
+                 "--long-lengths", "12", "--csv", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
-    for line in ["| topk | encoder+decoder+cross |", "| hard | decoder+cross |", "| window | encoder+decoder |",
+    for line in ["## Plugin softmax vs stock fairseq (transformer_sparse_mini vs transformer_iwslt_de_en, encoder_layers=2, "
+                 "decoder_layers=2, same weights", "* max |logits difference|, large batch",
+                 "* beam hypotheses (beam 4, 2 forced steps, large batch): identical in all 2 sentences",
+                 "| function | sublayers | train ×fairseq | train ×softmax | decode batch 1 ×fairseq |",
+                 "| fairseq | encoder+decoder+cross (stock fairseq transformer_iwslt_de_en, encoder_layers=2, decoder_layers=2) | 1.00× |",
+                 "| topk | encoder+decoder+cross |", "| hard | decoder+cross |", "| window | encoder+decoder |",
                  "| l0drop | encoder+decoder+cross (softmax), L0Drop ", "| hard retrieval vs softmax | ≥ 1.50× |",
                  "| ReLA-g vs softmax | ≥ 0.95× | not measured | not measured |", "softmax, absolute: train ",
-                 "repetition 1/1 done"]:
+                 "fairseq, absolute: train ", "## Long sequences: train step on 2 sequences of L source and L target tokens",
+                 "| function | L=12 ×fairseq | L=12 ×softmax |", "fairseq, absolute: L=12 ", "repetition 1/1 done"]:
         assert line in result.stdout, result.stdout[-3000:]
     rows = list(csv.DictReader(out.open()))
-    assert [r["function"] for r in rows] == ["softmax", "topk", "hard", "window", "l0drop"]
-    assert float(rows[0]["decodeN_ratio"]) == 1.0 and float(rows[2]["train_per_second"]) > 0
+    assert [r["function"] for r in rows] == ["fairseq", "softmax", "topk", "hard", "window", "l0drop"]
+    assert float(rows[1]["decodeN_ratio"]) == 1.0 and float(rows[0]["decodeN_ratio_fairseq"]) == 1.0
+    assert float(rows[0]["long12_ratio_fairseq"]) == 1.0 and float(rows[3]["long12_per_second"]) > 0
+    assert float(rows[3]["train_per_second"]) > 0
+    # the same weights give the same function: stock fairseq and the plugin's softmax agree (not a timing)
+    assert float(rows[0]["softmax_vs_fairseq_max_abs_logit_diff"]) < 1e-4
+    assert rows[0]["softmax_vs_fairseq_hypotheses_differ"] == "0"
 
 
 def test_run_rejects_unknown_rows(capsys):
@@ -60,6 +80,39 @@ def test_run_rejects_unknown_rows(capsys):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.parse_args([]).functions == module.DEFAULT_FUNCTIONS
+    assert module.parse_args([]).long_lengths == []
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(["--functions", "softmax", "nosuch"])
     assert exit_info.value.code == 2 and "unknown row 'nosuch'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(["--arch", "transformer_tiny"])
+    assert exit_info.value.code == 2 and "no stock fairseq counterpart" in capsys.readouterr().err
+
+
+def check_plan(text):
+    """The GPU report's plan names every registered function, both precisions and every benchmark."""
+    for name in attention_names() + ["l0drop", "l0drop_every_layer"]:
+        assert f"[train] train {name} fp16: " in text and f"[train] train {name} bf16: " in text, name
+    for fragment in ["--fp16", "--bf16", "--l0drop-every-layer", "fairseq_cli.train", "fairseq_cli.preprocess",
+                     "benchmarks/run.py --device cuda", "--beam 4 --batch-size 128 --long-lengths 512 1024",
+                     "benchmarks/operations.py --device cuda", "benchmarks/memory.py --device cuda --lengths 512 1024",
+                     "--causal", "benchmarks/cuda_equality.py --device cuda", "torch.cuda.get_device_name"]:
+        assert fragment in text, fragment
+
+
+def test_gpu_report_dry_run_prints_the_plan():
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-report.sh"), "--dry-run"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_plan(result.stdout)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device the script runs the whole report")
+def test_gpu_report_without_cuda_says_so_and_prints_the_plan(tmp_path):
+    out = tmp_path / "report" / "REPORT.md"
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-report.sh"), "--out", str(out)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "no CUDA device is present" in result.stdout
+    check_plan(result.stdout)
+    assert not out.exists()

@@ -59,6 +59,7 @@ def test_incremental_decoding_survives_beam_reordering(name, sublayer, order):
     and drops finished sentences; it never moves a hypothesis to another sentence.
     """
     model = model_with(name, sublayer)
+    model.decoder.set_beam_size(2)  # as fairseq's SequenceGenerator does
     sentences = random_batch(lengths=[7, 5], tgt_lengths=[5, 5], seed=3)
     beams = torch.tensor([0, 0, 1, 1])
     batch = {key: value.index_select(0, beams) for key, value in sentences.items()}

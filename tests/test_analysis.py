@@ -151,7 +151,8 @@ def test_recorder_gets_head_weights_and_leaves_outputs_unchanged():
         expected, _ = model(**batch)
         with AttentionRecorder(model) as recorder:
             got, _ = model(**batch)
-    assert torch.equal(expected, got)
+    # asking for weights takes the registered functions instead of the fused kernel: equal to rounding
+    assert (expected - got).abs().max() <= 1e-5
     assert recorder.weights[("encoder", 1)].shape == (4, 2, 5, 5)
     assert recorder.weights[("cross", 0)].shape == (4, 2, 4, 5)
     assert len(recorder.weights) == 6
@@ -270,6 +271,22 @@ def test_analysis_command_end_to_end(tiny, tmp_path):
                     "--sublayer", "cross", "--layer", "1", "--head", "0", "--out", str(out), "--cpu"])
     assert [p.name for p in written] == ["heatmap_cross_l2_h0_s0.png", "heatmap_cross_l2_h0_s3.png"]
     assert all(p.stat().st_size > 0 for p in written)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_analysis_runs_the_model_in_half_precision(tiny, tmp_path, dtype):
+    data, rela, l0 = tiny / "bin", tiny / "ckpt" / "checkpoint_last.pt", tiny / "ckpt" / "checkpoint_sharp.pt"
+    out = tmp_path / "out"
+    full = main(["sparsity", str(data), "--path", str(rela), "--out", str(tmp_path / "f32"), "--cpu"])
+    rows = main(["sparsity", str(data), "--path", str(rela), "--out", str(out), "--cpu", "--dtype", dtype])
+    assert len(rows) == len(full)
+    for half, single in zip(rows, full):  # the same sublayers, close statistics
+        assert (half["sublayer"], half["layer"], half["head"]) == (single["sublayer"], single["layer"], single["head"])
+        assert abs(half["sparsity"] - single["sparsity"]) <= 0.1
+    result = main(["l0drop", str(data), "--path", str(l0), "--out", str(out), "--cpu", "--dtype", dtype])
+    assert result["has_gates"] and result["types"]
+    written = main(["heatmap", str(data), "--path", str(rela), "--sentences", "0", "--out", str(out), "--cpu", "--dtype", dtype])
+    assert written and all(p.stat().st_size > 0 for p in written)
 
 
 def test_module_entry_point_help(monkeypatch, capsys):

@@ -235,3 +235,20 @@ def test_hard_training_reads_nothing_when_dropout_removes_every_key(hard_train):
     assert (out[:, :, 1] == 0).all() and (out[:, :, 0] != 0).any()
     out.sum().backward()
     assert torch.isfinite(scores.grad).all() and torch.isfinite(values.grad).all()
+
+
+@pytest.mark.parametrize("num_keys", [30, 64, 300])  # both sides of TOPK_FROM_KEYS
+def test_kth_largest_is_the_same_by_kthvalue_and_by_topk(num_keys, monkeypatch):
+    from fairseq_sparse.attention import functions
+
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randn(2, 3, 5, num_keys, generator=gen).round(decimals=1)  # ties
+    scores[0, :, :, num_keys // 2:] = float("-inf")  # masked keys
+    scores[1, 0, 0, 2:] = float("-inf")  # fewer visible keys than k
+    results = []
+    for threshold in (10**9, 1):  # kthvalue only, then topk only
+        monkeypatch.setattr(functions, "TOPK_FROM_KEYS", threshold)
+        results.append([functions.kth_largest(scores, k) for k in (1, 8, num_keys, num_keys + 3)])
+    for by_kthvalue, by_topk in zip(*results):
+        assert torch.equal(by_kthvalue, by_topk)
+    assert results[0][1][1, 0, 0].item() == float("-inf")

@@ -85,8 +85,9 @@ def test_query_chunks_give_the_unchunked_result(name, monkeypatch):
     padding = torch.zeros(2, 11, dtype=torch.bool)
     padding[1, :3] = True
     expected, _ = plain(x, x, x, key_padding_mask=padding, attn_mask=causal_mask(11), need_weights=False)
-    # one query a chunk for selections that read scores (2 x 4 x 11 entries each), three for the others
+    # one query a chunk (2 x 4 x 11 entries each)
     monkeypatch.setattr(sparse_multihead_attention, "SELECTION_CHUNK_ELEMENTS", 2 * 11 * 3)
+    monkeypatch.setattr(sparse_multihead_attention, "PATTERN_MASK_ELEMENTS", 0)  # patterns chunked too
     out, _ = fused(x, x, x, key_padding_mask=padding, attn_mask=causal_mask(11), need_weights=False)
     assert (out - expected).abs().max() <= 1e-5
 
@@ -168,3 +169,20 @@ def test_chunked_selection_reproduces_attention_dropout_and_its_gradients(name):
         results.append((out.detach(), inputs.grad, module.q_proj.weight.grad, module.v_proj.weight.grad))
     for got, expected in zip(*results):
         assert (got - expected).abs().max() <= 1e-5
+
+
+def test_softmax_never_takes_the_chunked_path(monkeypatch):
+    """softmax's selection is the mask itself: always the fused kernel, at any length."""
+    from fairseq_sparse.modules import selected_softmax
+
+    monkeypatch.setattr(sparse_multihead_attention, "PATTERN_MASK_ELEMENTS", 0)
+    monkeypatch.setattr(sparse_multihead_attention, "SELECTION_CHUNK_ELEMENTS", 1)
+    calls = []
+    original = selected_softmax.SelectedSoftmaxInChunks.apply
+    monkeypatch.setattr(sparse_multihead_attention.SelectedSoftmaxInChunks, "apply",
+                        lambda *a: calls.append(1) or original(*a))
+    x = torch.randn(6, 2, 16)
+    SparseMultiheadAttention(16, 4, attn_fn="softmax", self_attention=True)(x, x, x, need_weights=False)
+    assert not calls
+    SparseMultiheadAttention(16, 4, attn_fn="window", attn_k=2, self_attention=True)(x, x, x, need_weights=False)
+    assert calls

@@ -247,7 +247,7 @@ def run_l0drop(model, task, args) -> dict:
 def run_heatmap(args) -> List[Path]:
     paths = args.path
     labels = args.labels or [Path(p).stem for p in paths]
-    loaded = [load(p, args.data, args.cpu) for p in paths]
+    loaded = [load(p, args.data, args.cpu, args.dtype) for p in paths]
     task = loaded[0][1]
     src_dict, tgt_dict, pad = task.source_dictionary, task.target_dictionary, task.source_dictionary.pad()
     per_model = []
@@ -293,6 +293,8 @@ def _common(p, multi_path: bool = False) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--max-tokens", type=int, default=4000)
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even if a GPU is available")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                   help="run the model in this dtype, as trained with --fp16 / --bf16 (attention weights stay float32)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -346,7 +348,7 @@ def main(argv: Optional[List[str]] = None):
     if args.command == "heatmap":
         result = run_heatmap(args)
     else:
-        model, task = load(args.path, args.data, args.cpu)
+        model, task = load(args.path, args.data, args.cpu, args.dtype)
         result = {"sparsity": run_sparsity, "diversity": run_diversity, "aer": run_aer, "l0drop": run_l0drop}[args.command](
             model, task, args)
     print(f"{args.command}: written to {args.out}")

@@ -2,7 +2,8 @@
 
 Forward hooks on each ``SparseMultiheadAttention`` ask for per-head weights
 (``need_head_weights=True``) and hand the caller back what it asked for, so the model
-computes exactly what it computes in evaluation. L0Drop models are run without the
+computes what it computes in evaluation (to float rounding: with weights requested a sublayer
+runs its registered function, not the fused kernel it otherwise may). L0Drop models are run without the
 compressed memory (``compress = False``), so cross-attention keeps one column per
 source token; pruned encodings are zero vectors (or masked with ``--l0drop-mask-pruned``).
 """
@@ -120,8 +121,15 @@ def run_batch(model, sample: dict, pad: int) -> BatchAttention:
                           valid=valid_masks(src_tokens, prev, key_padding, pad), closed=closed, attn_fn=attn_fn)
 
 
-def load(path: str, data: str, cpu: bool = True):
-    """(model in eval mode, task) from a fairseq checkpoint; L0Drop memory compression off."""
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def load(path: str, data: str, cpu: bool = True, dtype: str = "float32"):
+    """(model in eval mode, task) from a fairseq checkpoint; L0Drop memory compression off.
+
+    ``dtype`` casts the model as fairseq's --fp16 / --bf16 do; attention weights (what the
+    analyses read) stay float32 whatever it is.
+    """
     from fairseq import checkpoint_utils
 
     import fairseq_sparse  # noqa: F401  (registers the model, makes checkpoints loadable)
@@ -130,6 +138,7 @@ def load(path: str, data: str, cpu: bool = True):
     model = models[0].eval()
     if hasattr(model.encoder, "compress"):
         model.encoder.compress = False
+    model.to(DTYPES[dtype])
     if not cpu:
         model.cuda()
     return model, task

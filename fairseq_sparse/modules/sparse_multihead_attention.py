@@ -11,7 +11,7 @@ Two paths compute it:
 
 * fused, when no weights are requested and the method registers a *selection*
   (softmax, top-k, the structured patterns; see ``attention.registry``): softmax,
-  and a pattern whose queries fit in one chunk, run ``scaled_dot_product_attention``
+  and a pattern up to a 512-token block, run ``scaled_dot_product_attention``
   with the hidden keys as a boolean mask (log key counts as an additive one);
   selections that read scores (top-k), and patterns over long sequences, run in
   query chunks that keep bit masks, not float matrices, for the backward pass
@@ -37,6 +37,10 @@ IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 # Query chunks of the fused path hold at most this many (query, key) entries per chunk
 # (float32 scores, or the int64 ranks of a pattern): 2**16 = 256 KiB of float32.
 SELECTION_CHUNK_ELEMENTS = 2**16
+# A score-free selection (a structured pattern) goes to the fused kernel as a boolean mask up
+# to this many (B x T x S) entries, a 512-token block; beyond, it runs in query chunks, which
+# keep less memory than the kernel's handling of a large mask but cost a recomputation.
+PATTERN_MASK_ELEMENTS = 2**18
 
 
 class SparseMultiheadAttention(MultiheadAttention):
@@ -212,13 +216,15 @@ class SparseMultiheadAttention(MultiheadAttention):
         """Softmax over the keys ``spec.selection`` leaves, without (B, H, T, S) float matrices.
 
         q: (B, H, T, d_h), not yet scaled; k, v: (B, H, S, d_h). Returns (B, H, T, d_h).
-        Selections that read scores, and every selection once the queries need several
-        chunks (long sequences), run chunk by chunk (``SelectedSoftmaxInChunks``); the
-        others become a boolean mask of ``scaled_dot_product_attention`` (softmax: just
-        the padding and causal mask).
+        Selections that read scores, and patterns whose mask would exceed
+        PATTERN_MASK_ELEMENTS (long sequences), run chunk by chunk
+        (``SelectedSoftmaxInChunks``); the others become a boolean mask of
+        ``scaled_dot_product_attention`` (softmax: just the padding and causal mask).
         """
         rows = self._query_chunks(q, k)
-        if self.spec.selection_reads_scores or len(rows) > 1:
+        is_pattern = self.spec.selection is not visible_keys
+        pattern_mask_entries = q.size(0) * q.size(2) * k.size(2)  # a score-free selection's (B, 1, T, S) mask
+        if self.spec.selection_reads_scores or (is_pattern and pattern_mask_entries > PATTERN_MASK_ELEMENTS):
             plan = ChunkPlan(
                 select=self.spec.selection, rows=rows,
                 mask_rows=lambda r: _query_rows(mask, r), bias_rows=lambda r: _query_rows(bias, r),

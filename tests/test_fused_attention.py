@@ -186,3 +186,21 @@ def test_softmax_never_takes_the_chunked_path(monkeypatch):
     assert not calls
     SparseMultiheadAttention(16, 4, attn_fn="window", attn_k=2, self_attention=True)(x, x, x, need_weights=False)
     assert calls
+
+
+def test_a_plain_causal_mask_goes_to_the_kernel_as_is_causal(monkeypatch):
+    """fairseq's float future mask without padding: the kernel's is_causal, same outputs and gradients."""
+    fused, plain = module_pair("softmax", self_attention=True)
+    seen = []
+    original = sparse_multihead_attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(sparse_multihead_attention.F, "scaled_dot_product_attention",
+                        lambda *a, **kw: seen.append((kw["attn_mask"], kw["is_causal"])) or original(*a, **kw))
+    x = torch.randn(7, 2, 16)
+    results = []
+    for module in (fused, plain):
+        inputs = x.clone().requires_grad_(True)
+        out, _ = module(inputs, inputs, inputs, attn_mask=causal_mask(7), need_weights=False)
+        out.sum().backward()
+        results.append((out.detach(), inputs.grad))
+    assert seen == [(None, True)]
+    assert (results[0][0] - results[1][0]).abs().max() <= 1e-5 and (results[0][1] - results[1][1]).abs().max() <= 1e-5

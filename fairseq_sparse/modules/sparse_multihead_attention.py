@@ -255,7 +255,9 @@ class SparseMultiheadAttention(MultiheadAttention):
                 attn_mask = attn_mask.masked_fill(hidden, float("-inf"))
         else:
             attn_mask = None if hidden is None else ~hidden
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=self._dropout_p(), scale=self.scaling)
+        causal = attn_mask is not None and _is_causal(attn_mask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else attn_mask, is_causal=causal,
+                                             dropout_p=self._dropout_p(), scale=self.scaling)
         return out if empty_rows is None else out.masked_fill(empty_rows, 0.0)
 
     def _dropout_p(self) -> float:
@@ -299,6 +301,14 @@ class SparseMultiheadAttention(MultiheadAttention):
             saved["query_offset"] = steps + tgt_len
             self._set_input_buffer(incremental_state, saved)
         return query_positions, key_positions
+
+
+def _is_causal(allowed: Tensor) -> bool:
+    """True if a boolean mask of allowed keys is exactly the causal mask of a full pass,
+    (1, 1, T, T) lower-triangular: the kernel then needs no mask (and no copy of one)."""
+    if allowed.dtype != torch.bool or allowed.dim() != 4 or allowed.shape[:2] != (1, 1) or allowed.size(-1) != allowed.size(-2):
+        return False
+    return bool(torch.equal(allowed, torch.ones_like(allowed).tril_()))
 
 
 def _moves_within_sentences(new_order: Tensor, rows: Optional[int], beam_size: int) -> bool:
@@ -352,9 +362,8 @@ def _combine_masks(
             mask = attn_mask
         else:
             mask = attn_mask <= -1e4
-            finite = attn_mask.float().masked_fill(mask, 0.0)
-            if finite.any():
-                bias = finite[None, None]
+            if bool(((attn_mask != 0) & ~mask).any()):  # (fairseq's masks have none: no float copy then)
+                bias = attn_mask.float().masked_fill(mask, 0.0)[None, None]
         mask = mask[None, None]
     if key_padding_mask is not None:
         padding = key_padding_mask[:, None, None, :]

@@ -194,7 +194,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         # One query per call (incremental decoding) has no (T, S) matrix to save: the plain
         # function is as lean and, measured on CPU, faster than the fused kernel there.
         if self.spec.selection is not None and not need_weights and tgt_len > 1:
-            out, weights = self._selected_softmax(q, k, v, mask, bias, ctx), None
+            out, weights = self._selected_softmax(q, k, v, mask, bias, ctx, (attn_mask, key_padding_mask)), None
         else:
             scores = torch.matmul(q * self.scaling, k.transpose(-1, -2)).float()  # (B, H, T, S)
             if bias is not None:
@@ -212,10 +212,11 @@ class SparseMultiheadAttention(MultiheadAttention):
         return out, (weights if need_head_weights else weights.mean(dim=0))
 
     def _selected_softmax(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Optional[Tensor],
-                          ctx: AttentionContext) -> Tensor:
+                          ctx: AttentionContext, masks: Tuple[Optional[Tensor], Optional[Tensor]]) -> Tensor:
         """Softmax over the keys ``spec.selection`` leaves, without (B, H, T, S) float matrices.
 
         q: (B, H, T, d_h), not yet scaled; k, v: (B, H, S, d_h). Returns (B, H, T, d_h).
+        ``masks``: fairseq's (attn_mask, key_padding_mask), of which ``mask`` and ``bias`` are made.
         Selections that read scores, and patterns whose mask would exceed
         PATTERN_MASK_ELEMENTS (long sequences), run chunk by chunk
         (``SelectedSoftmaxInChunks``); the others become a boolean mask of
@@ -227,7 +228,10 @@ class SparseMultiheadAttention(MultiheadAttention):
         if self.spec.selection_reads_scores or (is_pattern and pattern_mask_entries > PATTERN_MASK_ELEMENTS):
             plan = ChunkPlan(
                 select=self.spec.selection, rows=rows,
-                mask_rows=lambda r: _query_rows(mask, r), bias_rows=lambda r: _query_rows(bias, r),
+                # the chunks' masks are cut from fairseq's own masks, so that the backward pass keeps
+                # no (T, S) mask of its own alive
+                mask_rows=lambda r: _combine_masks(_attn_mask_rows(masks[0], r), masks[1])[0],
+                bias_rows=lambda r: _query_rows(bias, r),
                 context_rows=lambda r: ctx if len(rows) == 1 else _query_rows_of_context(ctx, r),
                 scale=self.scaling, dropout=self.dropout_module, dropout_p=self._dropout_p(),
             )
@@ -325,6 +329,11 @@ def _moves_within_sentences(new_order: Tensor, rows: Optional[int], beam_size: i
         return True
     own = torch.arange(rows, device=new_order.device) // beam_size
     return bool(torch.equal(new_order // beam_size, own))
+
+
+def _attn_mask_rows(attn_mask: Optional[Tensor], rows: slice) -> Optional[Tensor]:
+    """Rows ``rows`` of fairseq's (T, S) attention mask."""
+    return None if attn_mask is None else attn_mask[rows]
 
 
 def _query_rows(x: Optional[Tensor], rows: slice) -> Optional[Tensor]:

@@ -75,7 +75,7 @@ def rela_g_flops_formula(H: int, T: int, d: int) -> int:
 ELEMENTWISE = {  # FLOPs per output element
     "add": 1, "sub": 1, "rsub": 1, "mul": 1, "div": 1, "neg": 1, "exp": 1, "log": 1, "pow": 1, "sqrt": 1,
     "rsqrt": 1, "reciprocal": 1, "relu": 1, "gelu": 1, "leaky_relu": 1, "clamp": 1, "clamp_min": 1,
-    "where": 1, "masked_fill": 1, "maximum": 1, "minimum": 1, "sigmoid": 4,
+    "where": 1, "masked_fill": 1, "maximum": 1, "minimum": 1, "sigmoid": 4, "eq": 1,
 }
 REDUCTION = {"sum": -1, "amax": -1, "amin": -1, "mean": 0}  # FLOPs per output element: n + this
 MATMUL = {"mm", "bmm"}
@@ -178,7 +178,11 @@ def count_rela_g(H: int, T: int, d: int, device: str = "cpu") -> Counted:
     c = counter.counts
     value_product = c["bmm"] + c["mm"]
     eps = c["add"]  # the only add: RMSNorm's mean(x^2) + eps, one per token
-    return Counted(dict(c), paper_terms=counter.total - value_product - eps, not_in_paper=eps, value_product=value_product)
+    # RMSNorm's guard of all-zero (null) rows, whose gradient would overflow float16: one
+    # comparison and one fill per token
+    guard = c["eq"] + c["masked_fill"]
+    return Counted(dict(c), paper_terms=counter.total - value_product - eps - guard, not_in_paper=eps + guard,
+                   value_product=value_product)
 
 
 # ---- the table -----------------------------------------------------------------------------
@@ -204,7 +208,8 @@ def table(H: int, d: int, lengths: Sequence[int], device: str = "cpu") -> str:
     lines += [
         "",
         "softmax: paper's ops = exp + sum + divide; all adds the row-maximum shift (amax + subtract) = 2HT^2 - HT.",
-        "ReLA-g: paper's ops = ReLU + gated RMSNorm without its eps add; all = + T (mean(x^2) + eps, one add per token).",
+        "ReLA-g: paper's ops = ReLU + gated RMSNorm without its eps add; all = + 3T (mean(x^2) + eps, one add per token, "
+        "and the null-row guard, one comparison and one fill per token).",
         f"per op at T = {T}: softmax: {per_op(count_softmax(H, T, d, device))}",
         f"per op at T = {T}: ReLA-g: {per_op(count_rela_g(H, T, d, device))}",
         "The paper's figures for H = 8, d = 512: T = 100: 239K (softmax) vs 592K (ReLA-g); T = 1000: 23.99M vs 13.12M.",

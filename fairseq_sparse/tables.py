@@ -409,11 +409,18 @@ class Plan:
                     "--split", col.split, *cpu]
             return Step("sparsity", argv, out, out, f"L0Drop sparsity of {row.id} on {ds.id} (seed {seed})",
                         needs=(self.model_key(ds, row, seed),))
-        out = base / f"attention-{col.split}"
+        overrides = self.model_overrides(ds, row)
+        tag = "" if overrides == "{}" else "." + hashlib.sha1(overrides.encode()).hexdigest()[:8]
+        out = base / f"attention-{col.split}{tag}"
         argv = [sys.executable, "-m", "fairseq_sparse.analysis", "sparsity", str(self.data_dir(ds) / "bin"), "--path", ckpt,
-                "--split", col.split, "--out", str(out), *cpu]
-        return Step("attn_sparsity", argv, out / "sparsity.csv", base / f"attention-{col.split}.log",
+                "--split", col.split, "--out", str(out), "--model-overrides", overrides, *cpu]
+        return Step("attn_sparsity", argv, out / "sparsity.csv", base / f"attention-{col.split}{tag}.log",
                     f"attention sparsity of {row.id} on {ds.id} (seed {seed})", needs=(self.model_key(ds, row, seed),))
+
+    def model_overrides(self, ds: Dataset, row: Row) -> str:
+        """The row's fairseq-generate --model-overrides (a reused model decoded otherwise), or "{}"."""
+        args = merge_args(ds.generate_args, row.generate_args)
+        return args[args.index("--model-overrides") + 1] if "--model-overrides" in args[:-1] else "{}"
 
     def measure_steps(self, ds: Dataset, row: Row, col: Column, seed: int) -> List[Step]:
         if col.measure in ("train_speedup", "params_m") or (col.measure == "sparsity" and not self.prunes(ds, row)):
@@ -465,7 +472,8 @@ class Plan:
                 "--path", *[str(self.checkpoint(ds, r, seed)) for r in rows], "--labels", *[r.label for r in rows],
                 "--split", spec.get("split", "test"), "--sentences", *[str(s) for s in spec.get("sentences", [0])],
                 "--sublayer", spec.get("sublayer", "cross"), "--layer", str(spec.get("layer", 0)),
-                "--head", str(spec.get("head", "mean")), "--out", str(out)] + (["--cpu"] if self.smoke else [])
+                "--head", str(spec.get("head", "mean")), "--out", str(out),
+                "--model-overrides", *[self.model_overrides(ds, r) for r in rows]] + (["--cpu"] if self.smoke else [])
         return Step("heatmap", argv, out / "heatmap.md", self.out / "heatmap.log", "attention heatmaps",
                     needs=tuple(self.model_key(ds, r, seed) for r in rows))
 

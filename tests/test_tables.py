@@ -128,21 +128,25 @@ def run_table(name: str, root: Path, capsys) -> str:
 
 
 def test_demo_table_in_smoke_profile(smoke_root, capsys):
-    """Six models (fine-tuned L0Drop included): BLEU, sparsities, speed ratio, heatmap, all real numbers."""
+    """One softmax model, two fine-tunes of it (hard retrieval, L0Drop) and three decodings of it with
+    other functions: BLEU, sparsities, speed ratio, heatmap, all real numbers."""
     printed = run_table("demo", smoke_root, capsys)
     out = smoke_root / "demo"
     md = (out / "demo.md").read_text()
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in md
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in md.splitlines() if line.startswith("| ") and "---" not in line}
-    for label in ("softmax", "top-k (k=8)", "hard retrieval (dec self + cross)", "ReLA-g", "1.5-entmax"):
+    topk, hard = "top-k (k=8), decoding the softmax model", "hard retrieval (dec self + cross), decoding the softmax model"
+    for label in ("softmax", topk, hard, "hard retrieval (dec self + cross), softmax model fine-tuned 200 updates",
+                  "1.5-entmax, decoding the softmax model"):
         ours = rows[label][0::2]
         assert all(cell not in ("—", "failed") for cell in [ours[0], ours[1], ours[3]]), (label, ours)
     assert float(rows["softmax"][2]) == 0.0  # softmax: no weight is exactly 0
-    assert float(rows["top-k (k=8)"][2]) > 0.0
+    # the reused softmax model is analysed with the row's --model-overrides: top-k's zeros show
+    assert float(rows[topk][2]) > 0.0 and float(rows[hard][2]) > 0.0
     assert float(rows["softmax"][6]) == 1.0  # speed ratio of the baseline to itself
     assert float(rows["softmax"][4]) == 0.0  # no gates, nothing pruned
-    assert rows["L0Drop (softmax + gates)"][4] not in ("—", "failed")
+    assert rows["L0Drop (softmax fine-tuned with gates)"][4] not in ("—", "failed")
     assert list((out / "heatmap").glob("*.png"))
     assert (out / "demo.csv").read_text().count("\n") == 1 + 6 * 4
     # a second run finds everything done and only re-reads the results

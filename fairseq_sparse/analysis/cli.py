@@ -247,7 +247,10 @@ def run_l0drop(model, task, args) -> dict:
 def run_heatmap(args) -> List[Path]:
     paths = args.path
     labels = args.labels or [Path(p).stem for p in paths]
-    loaded = [load(p, args.data, args.cpu, args.dtype) for p in paths]
+    overrides = args.model_overrides or ["{}"] * len(paths)
+    if len(overrides) != len(paths):
+        sys.exit(f"analysis heatmap: error: {len(paths)} checkpoints but {len(overrides)} --model-overrides (one per checkpoint)")
+    loaded = [load(p, args.data, args.cpu, args.dtype, o) for p, o in zip(paths, overrides)]
     task = loaded[0][1]
     src_dict, tgt_dict, pad = task.source_dictionary, task.target_dictionary, task.source_dictionary.pad()
     per_model = []
@@ -293,6 +296,12 @@ def _common(p, multi_path: bool = False) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--max-tokens", type=int, default=4000)
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even if a GPU is available")
+    if multi_path:
+        p.add_argument("--model-overrides", nargs="+", metavar="DICT",
+                       help="fairseq's --model-overrides for each checkpoint, e.g. \"{'cross_attn_fn': 'topk'}\" (\"{}\": none)")
+    else:
+        p.add_argument("--model-overrides", default="{}", metavar="DICT",
+                       help="as fairseq-generate's, e.g. \"{'cross_attn_fn': 'topk'}\" to analyse a model decoded with top-k")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                    help="run the model in this dtype, as trained with --fp16 / --bf16 (attention weights stay float32)")
 
@@ -348,7 +357,7 @@ def main(argv: Optional[List[str]] = None):
     if args.command == "heatmap":
         result = run_heatmap(args)
     else:
-        model, task = load(args.path, args.data, args.cpu, args.dtype)
+        model, task = load(args.path, args.data, args.cpu, args.dtype, args.model_overrides)
         result = {"sparsity": run_sparsity, "diversity": run_diversity, "aer": run_aer, "l0drop": run_l0drop}[args.command](
             model, task, args)
     print(f"{args.command}: written to {args.out}")

@@ -124,17 +124,23 @@ def run_batch(model, sample: dict, pad: int) -> BatchAttention:
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def load(path: str, data: str, cpu: bool = True, dtype: str = "float32"):
+def load(path: str, data: str, cpu: bool = True, dtype: str = "float32", model_overrides: str = "{}"):
     """(model in eval mode, task) from a fairseq checkpoint; L0Drop memory compression off.
 
     ``dtype`` casts the model as fairseq's --fp16 / --bf16 do; attention weights (what the
-    analyses read) stay float32 whatever it is.
+    analyses read) stay float32 whatever it is. ``model_overrides``: as fairseq-generate's
+    --model-overrides (a Python dict literal), e.g. to analyse a softmax model decoded with top-k.
     """
+    import ast
+
     from fairseq import checkpoint_utils
 
     import fairseq_sparse  # noqa: F401  (registers the model, makes checkpoints loadable)
 
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
+    overrides = ast.literal_eval(model_overrides or "{}")
+    if not isinstance(overrides, dict):
+        raise ValueError(f"--model-overrides must be a dict literal, got {model_overrides!r}")
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={**overrides, "data": data})
     model = models[0].eval()
     if hasattr(model.encoder, "compress"):
         model.encoder.compress = False

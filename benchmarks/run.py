@@ -274,6 +274,8 @@ def _absolute(name: str, r: Dict, ntokens: int, n_single: int, n_large: int) -> 
 def format_report(results, args, n_single: int, n_large: int, ntokens: int, achieved: Optional[float],
                   units: Dict[str, int]) -> str:
     def cells(r, job):
+        if math.isnan(r[f"{job}_ratio"]):  # e.g. the train step with --skip-train
+            return "not measured | not measured"
         return f"{r[f'{job}_ratio_fairseq']:.2f}× | {r[f'{job}_ratio']:.2f}×"
 
     lines = [

@@ -116,3 +116,12 @@ def test_gpu_report_without_cuda_says_so_and_prints_the_plan(tmp_path):
     assert "no CUDA device is present" in result.stdout
     check_plan(result.stdout)
     assert not out.exists()
+
+
+def test_run_without_the_train_step_says_not_measured():
+    result = run("run.py", *TINY_MODEL, "--batch-size", "2", "--single-sentences", "1", "--src-len", "6",
+                 "--decode-len", "2", "--repeats", "1", "--vocab", "50", "--functions", "topk", "--skip-train")
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = result.stdout[result.stdout.index("## Throughput"):]
+    row = next(line for line in table.splitlines() if line.startswith("| topk |"))
+    assert "not measured | not measured" in row and "nan" not in row

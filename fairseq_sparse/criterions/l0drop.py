@@ -35,10 +35,14 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 
 
+NORMALIZATIONS = ("sentence", "token")
+L0_NORMALIZATION_CHOICES = ChoiceEnum(list(NORMALIZATIONS))
+
+
 @dataclass
 class L0DropCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     l0_lambda: float = field(default=0.3, metadata={"help": "weight of the expected L0 penalty (paper: 0.2-0.3)"})
-    l0_normalization: ChoiceEnum(["sentence", "token"]) = field(
+    l0_normalization: L0_NORMALIZATION_CHOICES = field(
         default="sentence",
         metadata={"help": "expected open-gate rate penalised: per sentence, then averaged over sentences "
                           "(the official code), or pooled over the batch's source tokens"},
@@ -69,7 +73,7 @@ def expected_open_rate(expected_l0: Tensor, padding: Optional[Tensor], normaliza
     lengths = real.sum(dim=1)
     if normalization == "token":
         return open_gates.sum() / lengths.sum().clamp(min=1)
-    if normalization != "sentence":
+    if normalization not in NORMALIZATIONS:
         raise ValueError(f"--l0-normalization must be 'sentence' or 'token', got {normalization!r}")
     nonempty = lengths > 0
     return (open_gates[nonempty] / lengths[nonempty]).mean() if nonempty.any() else open_gates.sum() * 0
@@ -87,7 +91,7 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
             raise MissingGatesError(self.MISSING_GATES)
         if l0_lambda < 0 or l0_lambda_warmup_updates < 0:
             raise ValueError("--l0-lambda and --l0-lambda-warmup-updates must be >= 0")
-        if l0_normalization not in ("sentence", "token"):
+        if l0_normalization not in NORMALIZATIONS:
             raise ValueError(f"--l0-normalization must be 'sentence' or 'token', got {l0_normalization!r}")
         self.l0_lambda = l0_lambda
         self.warmup_updates = l0_lambda_warmup_updates

@@ -19,21 +19,20 @@ ramped, weight).
 """
 
 import logging
+from dataclasses import dataclass, field
 from typing import Optional
 
-
-from dataclasses import dataclass, field
-
 import torch
-from fairseq.dataclass import ChoiceEnum
-from torch import Tensor
 from fairseq import metrics, utils
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
 )
+from fairseq.dataclass import ChoiceEnum
+from torch import Tensor
 
+logger = logging.getLogger(__name__)
 
 NORMALIZATIONS = ("sentence", "token")
 L0_NORMALIZATION_CHOICES = ChoiceEnum(list(NORMALIZATIONS))
@@ -58,7 +57,10 @@ class MissingGatesError(ValueError):
     pass
 
 
-logger = logging.getLogger(__name__)
+def check_normalization(normalization: str) -> str:
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"--l0-normalization must be 'sentence' or 'token', got {normalization!r}")
+    return str(normalization)
 
 
 def expected_open_rate(expected_l0: Tensor, padding: Optional[Tensor], normalization: str) -> Tensor:
@@ -71,10 +73,8 @@ def expected_open_rate(expected_l0: Tensor, padding: Optional[Tensor], normaliza
     real = torch.ones_like(expected_l0, dtype=torch.bool) if padding is None else ~padding
     open_gates = expected_l0.float().sum(dim=1)
     lengths = real.sum(dim=1)
-    if normalization == "token":
+    if check_normalization(normalization) == "token":
         return open_gates.sum() / lengths.sum().clamp(min=1)
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"--l0-normalization must be 'sentence' or 'token', got {normalization!r}")
     nonempty = lengths > 0
     return (open_gates[nonempty] / lengths[nonempty]).mean() if nonempty.any() else open_gates.sum() * 0
 
@@ -91,11 +91,9 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
             raise MissingGatesError(self.MISSING_GATES)
         if l0_lambda < 0 or l0_lambda_warmup_updates < 0:
             raise ValueError("--l0-lambda and --l0-lambda-warmup-updates must be >= 0")
-        if l0_normalization not in NORMALIZATIONS:
-            raise ValueError(f"--l0-normalization must be 'sentence' or 'token', got {l0_normalization!r}")
         self.l0_lambda = l0_lambda
         self.warmup_updates = l0_lambda_warmup_updates
-        self.normalization = str(l0_normalization)
+        self.normalization = check_normalization(l0_normalization)
         logger.info(f"L0Drop penalty: lambda {l0_lambda} x expected open-gate rate per "
                     f"{'sentence, averaged over sentences' if self.normalization == 'sentence' else 'source token'}"
                     + (f", lambda ramped over {l0_lambda_warmup_updates} updates" if l0_lambda_warmup_updates else ""))

@@ -56,16 +56,16 @@ class ChunkPlan:
     dropout_p: float
 
 
-def _chunk_weights(q: Tensor, k: Tensor, plan: ChunkPlan, rows: slice):
-    """float32 scores -> (hidden keys, float32 weights) of the queries ``rows``, as the registered
-    function computes them: scores of the scaled queries in q's dtype, then float32."""
+def _chunk_weights(q: Tensor, k: Tensor, plan: ChunkPlan, rows: slice) -> Tensor:
+    """float32 weights of the queries ``rows``, as the registered function computes them:
+    scores of the scaled queries in q's dtype, then float32, then the selection and softmax."""
     ctx = plan.context_rows(rows)
     scores = torch.matmul(q[:, :, rows] * plan.scale, k.transpose(-1, -2)).float()
     bias = plan.bias_rows(rows)
     if bias is not None:
         scores = scores + bias
     hidden = plan.select(scores, plan.mask_rows(rows), ctx)
-    return hidden, masked_softmax(with_key_counts(scores, ctx), hidden)
+    return masked_softmax(with_key_counts(scores, ctx), hidden)
 
 
 class SelectedSoftmaxInChunks(torch.autograd.Function):
@@ -80,7 +80,7 @@ class SelectedSoftmaxInChunks(torch.autograd.Function):
         recompute = len(plan.rows) > 1
         kept_masks, saved_weights = [], None
         for rows in plan.rows:
-            hidden, weights = _chunk_weights(q, k, plan, rows)
+            weights = _chunk_weights(q, k, plan, rows)
             if plan.dropout_p > 0:
                 dropped = plan.dropout(weights)
                 kept_masks.append(pack_bits(dropped != 0) if recompute else dropped != 0)
@@ -105,7 +105,7 @@ class SelectedSoftmaxInChunks(torch.autograd.Function):
         keep_scale = 1.0 / (1.0 - plan.dropout_p) if plan.dropout_p > 0 else 1.0
         for i, rows in enumerate(plan.rows):
             if recompute:
-                _, weights = _chunk_weights(q, k, plan, rows)
+                weights = _chunk_weights(q, k, plan, rows)
             else:
                 weights = fctx.saved_weights
             grad_rows = grad_out[:, :, rows].float()

@@ -222,10 +222,10 @@ class SparseMultiheadAttention(MultiheadAttention):
         (``SelectedSoftmaxInChunks``); the others become a boolean mask of
         ``scaled_dot_product_attention`` (softmax: just the padding and causal mask).
         """
-        rows = self._query_chunks(q, k)
         is_pattern = self.spec.selection is not visible_keys
         pattern_mask_entries = q.size(0) * q.size(2) * k.size(2)  # a score-free selection's (B, 1, T, S) mask
         if self.spec.selection_reads_scores or (is_pattern and pattern_mask_entries > PATTERN_MASK_ELEMENTS):
+            rows = self._query_chunks(q, k)
             plan = ChunkPlan(
                 select=self.spec.selection, rows=rows,
                 # the chunks' masks are cut from fairseq's own masks, so that the backward pass keeps
@@ -269,11 +269,8 @@ class SparseMultiheadAttention(MultiheadAttention):
         return dropout.p if (dropout.training or dropout.apply_during_inference) else 0.0
 
     def _query_chunks(self, q: Tensor, k: Tensor) -> List[slice]:
-        """Slices of the queries with at most SELECTION_CHUNK_ELEMENTS (B x H x S per query) entries
-        each; softmax's selection (the mask) needs no chunks."""
+        """Slices of the queries with at most SELECTION_CHUNK_ELEMENTS (B x H x S per query) entries each."""
         bsz, heads, tgt_len, _ = q.shape
-        if self.spec.selection is visible_keys:
-            return [slice(0, tgt_len)]
         per_query = bsz * heads * k.size(2)
         chunk = max(1, SELECTION_CHUNK_ELEMENTS // max(1, per_query))
         return [slice(start, min(start + chunk, tgt_len)) for start in range(0, tgt_len, chunk)]

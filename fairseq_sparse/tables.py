@@ -38,7 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 BIN = Path(sys.executable).parent
 PROFILES = ("paper", "smoke")
-MEASURES = ("bleu", "valid_bleu", "decode_time", "decode_speedup", "decode_token_speedup", "train_speedup", "params_m", "sparsity", "attn_sparsity")
+MEASURES = ("bleu", "valid_bleu", "bleu_delta", "decode_time", "decode_speedup", "decode_token_speedup", "train_speedup",
+            "params_m", "epochs", "best_valid_loss", "sparsity", "attn_sparsity", "null_rate")
+RELATIVE = ("decode_speedup", "decode_token_speedup", "train_speedup", "bleu_delta")  # measures against a baseline row
+FROM_TRAIN_LOG = ("train_speedup", "params_m", "epochs", "best_valid_loss")
 METRICS = ("sacrebleu", "tokenized", "d_bleu")
 FINETUNE_RESETS = ["--reset-optimizer", "--reset-dataloader", "--reset-meters", "--reset-lr-scheduler"]
 
@@ -224,7 +227,7 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
             raise ConfigError(f"{where}: unknown metric {c.metric!r}; known: {', '.join(METRICS)}")
         if c.metric == "d_bleu" and not datasets[c.dataset].documents:
             raise ConfigError(f"{where}: d_bleu needs a document-level dataset, {c.dataset} is not one")
-        if c.measure.endswith("_speedup") and c.baseline not in row_ids:
+        if c.measure in RELATIVE and c.baseline not in row_ids:
             raise ConfigError(f"{where}: {c.measure} needs 'baseline:' naming a row, got {c.baseline!r}")
     seen: List[str] = []
     for r in rows:
@@ -350,7 +353,10 @@ class Plan:
                 *argv, *extra, "--seed", str(seed)]
 
     def run_dir(self, ds: Dataset, row: Row, seed: int) -> Path:
-        digest = hashlib.sha1(" ".join(self.train_argv(ds, row, seed)[1:]).encode()).hexdigest()[:12]
+        # keyed by what defines the model: the data and the arguments, not where fairseq and the plugin are installed
+        argv = self.train_argv(ds, row, seed)[1:]
+        at = argv.index("--user-dir")
+        digest = hashlib.sha1(" ".join(argv[:at] + argv[at + 2:]).encode()).hexdigest()[:12]
         return self.models_root / ds.id / f"{self.trained_row(row).id}-{digest}"
 
     def checkpoint(self, ds: Dataset, row: Row, seed: int) -> Path:
@@ -423,12 +429,12 @@ class Plan:
         return args[args.index("--model-overrides") + 1] if "--model-overrides" in args[:-1] else "{}"
 
     def measure_steps(self, ds: Dataset, row: Row, col: Column, seed: int) -> List[Step]:
-        if col.measure in ("train_speedup", "params_m") or (col.measure == "sparsity" and not self.prunes(ds, row)):
+        if col.measure in FROM_TRAIN_LOG or (col.measure == "sparsity" and not self.prunes(ds, row)):
             return []  # read from the training log, or nothing to measure (a model without gates prunes nothing)
-        if col.measure in ("sparsity", "attn_sparsity"):
+        if col.measure in ("sparsity", "attn_sparsity", "null_rate"):
             return [self.analysis_step(ds, row, col, seed)]
         steps = [self.generate_step(ds, row, col, seed)]
-        if col.measure in ("decode_speedup", "decode_token_speedup"):
+        if col.measure in ("decode_speedup", "decode_token_speedup", "bleu_delta"):
             steps.append(self.generate_step(ds, self.table.row(col.baseline), col, seed))
         return steps
 
@@ -627,6 +633,26 @@ def trained_params(log: Path) -> int:
     return int(match.group(1).replace(",", ""))
 
 
+VALID_LOSS = re.compile(r"\| valid on 'valid' subset \| loss ([\d.]+)")
+EPOCH_DONE = re.compile(r"end of epoch (\d+)")
+
+
+def trained_epochs(log: Path) -> int:
+    """The number of epochs training ran (early stopping by --patience ends it before --max-epoch)."""
+    epochs = [int(m.group(1)) for m in EPOCH_DONE.finditer(log.read_text(encoding="utf-8"))]
+    if not epochs:
+        raise StepError(f"{log}: no 'end of epoch' line in the training log")
+    return max(epochs)
+
+
+def best_valid_loss(log: Path) -> float:
+    """The lowest validation loss (base 2, fairseq's) of a training run."""
+    losses = [float(m.group(1)) for m in VALID_LOSS.finditer(log.read_text(encoding="utf-8"))]
+    if not losses:
+        raise StepError(f"{log}: no validation line in the training log (training ran with --disable-validation?)")
+    return min(losses)
+
+
 def l0drop_sparsity(output: Path) -> float:
     match = re.search(r"(\d+) of (\d+) source encodings pruned", output.read_text(encoding="utf-8"))
     if not match:
@@ -635,17 +661,32 @@ def l0drop_sparsity(output: Path) -> float:
 
 
 def attention_sparsity(csv_path: Path) -> float:
+    """% of attention weights exactly 0, over every sublayer, layer and head."""
     with open(csv_path, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     weights = sum(int(r["weights"]) for r in rows)
     return 100.0 * sum(float(r["sparsity"]) * int(r["weights"]) for r in rows) / max(weights, 1)
 
 
-def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, signatures: Dict[str, str]) -> float:
+def null_rate(csv_path: Path) -> float:
+    """% of queries whose attention weights are all 0 (ReLA's null attention), over every sublayer, layer and head."""
+    with open(csv_path, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    queries = sum(int(r["queries"]) for r in rows)
+    return 100.0 * sum(float(r["null_rate"]) * int(r["queries"]) for r in rows) / max(queries, 1)
+
+
+def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, signatures: Dict[str, str]) -> Optional[float]:
+    """One cell of one seed; None where the measure does not apply to the row."""
     if col.measure == "bleu":
         value, signature = bleu(plan, ds, col, plan.generate_step(ds, row, col, seed).output)
         signatures[col.id] = signature
         return value
+    if col.measure == "bleu_delta":
+        ours, signature = bleu(plan, ds, col, plan.generate_step(ds, row, col, seed).output)
+        baseline, _ = bleu(plan, ds, col, plan.generate_step(ds, plan.table.row(col.baseline), col, seed).output)
+        signatures[col.id] = signature
+        return ours - baseline
     if col.measure == "decode_time":
         return decode_seconds(plan.generate_step(ds, row, col, seed).output)
     if col.measure == "decode_speedup":
@@ -659,47 +700,97 @@ def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, signature
         return train_words_per_second(plan.run_dir(ds, row, seed) / "train.log") / train_words_per_second(base_log)
     if col.measure == "params_m":
         return trained_params(plan.run_dir(ds, row, seed) / "train.log") / 1e6
+    if col.measure == "epochs":
+        return trained_epochs(plan.run_dir(ds, row, seed) / "train.log")
+    if col.measure == "best_valid_loss":
+        if "--disable-validation" in plan.train_argv(ds, row, seed):
+            return None  # not measured: the row trains without validation (a fixed fine-tuning budget)
+        return best_valid_loss(plan.run_dir(ds, row, seed) / "train.log")
     if col.measure == "sparsity" and not plan.prunes(ds, row):
         return 0.0  # nothing can be pruned: the paper's 0.00% of the baseline
     step = plan.analysis_step(ds, row, col, seed)
-    return l0drop_sparsity(step.output) if col.measure == "sparsity" else attention_sparsity(step.output)
+    if col.measure == "sparsity":
+        return l0drop_sparsity(step.output)
+    return null_rate(step.output) if col.measure == "null_rate" else attention_sparsity(step.output)
 
 
-DIGITS = {"decode_speedup": 2, "decode_token_speedup": 2, "train_speedup": 2, "params_m": 1, "decode_time": 1}
+DIGITS = {"decode_speedup": 2, "decode_token_speedup": 2, "train_speedup": 2, "params_m": 1, "decode_time": 1, "epochs": 1,
+          "best_valid_loss": 3}
 
 
-def fmt(value: Optional[float], col: Column) -> str:
+def fmt(value: Optional[float], col: Column, spread: Optional[Tuple[float, int]] = None) -> str:
+    """A cell: the mean over seeds, "± std" when more than one seed finished."""
     if value is None:
         return "—"
-    return "failed" if value != value else f"{value:.{DIGITS.get(col.measure, 2)}f}"
+    if value != value:
+        return "failed"
+    digits = DIGITS.get(col.measure, 2)
+    text = f"{value:+.{digits}f}" if col.measure == "bleu_delta" else f"{value:.{digits}f}"
+    if spread and spread[1] > 1:
+        text += f" ± {spread[0]:.{digits}f}"
+    return text
 
 
 FAILED = float("nan")  # a cell whose model failed to train or decode
 
 
-def collect(plan: Plan, failed: set = frozenset()) -> Tuple[Dict[Tuple[str, str], float], Dict[str, str]]:
-    results: Dict[Tuple[str, str], float] = {}
-    signatures: Dict[str, str] = {}
+@dataclass
+class Results:
+    """Per (row id, column id): the mean over seeds, (std, number of seeds), and the signatures per column."""
+
+    means: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    spreads: Dict[Tuple[str, str], Tuple[float, int]] = field(default_factory=dict)
+    signatures: Dict[str, str] = field(default_factory=dict)
+    seeds_done: Dict[str, List[int]] = field(default_factory=dict)  # per row: seeds with every cell measured
+
+    def get(self, key: Tuple[str, str]) -> Optional[float]:
+        return self.means.get(key)
+
+    def items(self):
+        return self.means.items()
+
+
+def cell_steps(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int) -> List[Step]:
+    """The commands one cell of one seed needs: its models' training and its measurement."""
+    rows = [row] + ([plan.table.row(col.baseline)] if col.baseline else [])
+    steps = [step for r in rows for step in plan.train_steps(ds, plan.trained_row(r), seed)]
+    return steps + plan.measure_steps(ds, row, col, seed)
+
+
+def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False) -> Results:
+    """Measure every cell, averaged over seeds. ``finished_only``: seeds whose commands have not all
+    run yet are left out of a cell (a study completed over several sittings); otherwise they count as failed."""
+    results = Results()
     for row in plan.table.rows:
+        complete: Optional[set] = None
         for col in plan.table.columns:
             ds = plan.table.datasets[col.dataset]
             if not plan.applies(ds, row):
                 continue
-            values = []
+            values, seeds = [], []
             for seed in plan.seeds(ds):
                 models = {plan.model_key(ds, row, seed)}
                 if col.baseline:
                     models.add(plan.model_key(ds, plan.table.row(col.baseline), seed))
+                if finished_only and not all(_done(s) for s in cell_steps(plan, ds, row, col, seed)):
+                    continue
+                seeds.append(seed)
                 try:
-                    values.append(FAILED if models & failed else measure(plan, ds, row, col, seed, signatures))
+                    value = FAILED if models & failed else measure(plan, ds, row, col, seed, results.signatures)
                 except (StepError, OSError, ValueError) as e:  # its decode or analysis failed (reported when it ran)
                     logger.warning("%s / %s: %s", row.id, col.id, e)
-                    values.append(FAILED)
-            results[row.id, col.id] = statistics.mean(values)
-    return results, signatures
+                    value = FAILED
+                if value is not None:
+                    values.append(value)
+            complete = set(seeds) if complete is None else complete & set(seeds)
+            if values:
+                results.means[row.id, col.id] = statistics.mean(values)
+                results.spreads[row.id, col.id] = (statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
+        results.seeds_done[row.id] = sorted(complete or ())
+    return results
 
 
-def write_report(plan: Plan, results: Dict[Tuple[str, str], float], signatures: Dict[str, str]) -> Path:
+def write_report(plan: Plan, results: Results) -> Path:
     table = plan.table
     header = ["model"]
     for col in table.columns:
@@ -713,16 +804,26 @@ def write_report(plan: Plan, results: Dict[Tuple[str, str], float], signatures: 
         cells = [row.label]
         for col in table.columns:
             ours, theirs = results.get((row.id, col.id)), (row.paper or {}).get(col.id)
-            cells += [fmt(ours, col), fmt(theirs, col)]
+            spread = results.spreads.get((row.id, col.id))
+            cells += [fmt(ours, col, spread), fmt(theirs, col)]
             records.append({"row": row.id, "model": row.label, "column": col.id, "label": col.label, "dataset": col.dataset,
                             "measure": col.measure, "split": col.split,
                             "ours": "" if ours is None else ("failed" if ours != ours else f"{ours:.4f}"),
+                            "std": "" if spread is None or spread[1] < 2 else f"{spread[0]:.4f}",
+                            "seeds": "" if spread is None else spread[1],
                             "paper": "" if theirs is None else theirs, "profile": table.profile})
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    if signatures:
+    planned = {ds.id: plan.seeds(ds) for ds in table.datasets.values()}
+    seeds = sorted({s for ss in planned.values() for s in ss})
+    if len(seeds) > 1 or any(results.seeds_done.get(r.id) != seeds for r in table.rows):
+        lines.append(f"Cells are the mean ± standard deviation over the seeds that finished (planned: {seeds}); "
+                     "seeds finished per row: " + "; ".join(
+                         f"{r.id} {','.join(map(str, results.seeds_done.get(r.id) or [])) or 'none'}" for r in table.rows) + ".")
+        lines.append("")
+    if results.signatures:
         lines.append("BLEU signatures:")
-        lines += [f"- {next(c.label for c in table.columns if c.id == cid)}: `{sig}`" for cid, sig in signatures.items()]
+        lines += [f"- {next(c.label for c in table.columns if c.id == cid)}: `{sig}`" for cid, sig in results.signatures.items()]
         lines.append("")
     notes = [f"- {ds.label}: {ds.note}" for ds in table.datasets.values() if ds.note]
     if table.profile == "smoke":
@@ -747,7 +848,7 @@ def write_report(plan: Plan, results: Dict[Tuple[str, str], float], signatures: 
     return md
 
 
-def write_plot(plan: Plan, results: Dict[Tuple[str, str], float]) -> Path:
+def write_plot(plan: Plan, results: Results) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -853,6 +954,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trained models, keyed by their training command so tables share them (default: %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", help="override the setting's seeds")
     p.add_argument("--dry-run", action="store_true", help="build and parse every command, run nothing")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing; write the report from the commands that have finished (cells count the seeds that did)")
     return p
 
 
@@ -871,9 +974,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.dry_run:
             dry_run(plan, steps)
             return 0
-        failed = execute(plan, steps)
-        results, signatures = collect(plan, failed)
-        md = write_report(plan, results, signatures)
+        if args.report_only:
+            plan.out.mkdir(parents=True, exist_ok=True)
+            results = collect(plan, finished_only=True)
+        else:
+            results = collect(plan, execute(plan, steps))
+        md = write_report(plan, results)
     except (ConfigError, StepError) as e:
         print(f"tables: error: {e}", file=sys.stderr)
         return 1

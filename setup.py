@@ -35,6 +35,8 @@ INSTALL_REQUIRES = [
     "subword-nmt>=0.3.8",
     "matplotlib>=3.7",
     "hanta>=1.2",
+    # fairseq-train --tensorboard-logdir; without it fairseq also prints "Please install tensorboardX" on import
+    "tensorboardX>=2.5",
 ]
 
 
@@ -46,6 +48,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9,<3.13",
     packages=find_packages(include=["fairseq_sparse", "fairseq_sparse.*"]),
+    # the table configurations run from an installed package (python -m fairseq_sparse.tables NAME)
+    package_data={"fairseq_sparse": ["configs/*.yaml", "configs/*/*.yaml", "configs/README.md"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": ["pytest==9.2.0"]},
     classifiers=["Programming Language :: Python :: 3.11", "Programming Language :: Python :: 3.12", "Topic :: Scientific/Engineering :: Artificial Intelligence"],

@@ -6,14 +6,21 @@ the safe unpickler rejects. Rather than switching it off globally
 (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``), we allow-list exactly those types.
 Importing this package (``--user-dir``, ``import fairseq_sparse``) applies it to
 ``fairseq-generate``, ``fairseq-interactive``, ``--restore-file`` and the hub interface.
+
+The same wrapper of fairseq's loader turns the confusing errors of files that are not
+checkpoints at all (empty, cut off, an HTML page from a failed download: EOFError,
+IndexError, "weights only load failed") into one CheckpointLoadError naming the file,
+and lets a ``pos``-pattern checkpoint decode without its word-type table file.
 """
 
 import argparse
 import collections
 import logging
+import os
 import pickle
 import re
 import typing
+import zipfile
 from typing import List
 
 import torch
@@ -43,6 +50,10 @@ def fairseq_checkpoint_types() -> List[type]:
     return types
 
 
+def _first_line(err: BaseException) -> str:
+    return (str(err).splitlines() or [type(err).__name__])[0]
+
+
 def allow_fairseq_checkpoints() -> None:
     if hasattr(torch.serialization, "add_safe_globals"):
         torch.serialization.add_safe_globals(fairseq_checkpoint_types())
@@ -50,6 +61,53 @@ def allow_fairseq_checkpoints() -> None:
 
 class CheckpointLoadError(RuntimeError):
     pass
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6: a zip archive
+PICKLE_PROTO = 0x80  # the legacy format: a bare pickle, which starts with its protocol opcode
+
+
+def not_a_checkpoint(path: str, what: str) -> CheckpointLoadError:
+    return CheckpointLoadError(
+        f"{path} is not a PyTorch checkpoint: {what}. Such a file is usually empty or truncated (an interrupted "
+        "save, copy or download) or no checkpoint at all, e.g. an HTML page saved by a failed download: copy or "
+        "download it again."
+    )
+
+
+def _describe_start(head: bytes) -> str:
+    """What the first bytes of a file look like, for the error message."""
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    if text.lower().startswith("<!doctype html") or "<html" in text.lower():
+        return "it is an HTML page"
+    if all(c.isprintable() or c.isspace() for c in text):
+        return f"it is text starting {text[:40]!r}"
+    return f"it starts with the bytes {head[:8].hex(' ')}"
+
+
+def check_checkpoint_file(path: str) -> None:
+    """Raise CheckpointLoadError unless ``path`` is shaped as torch.save writes (checked before unpickling,
+    whose errors on such files are EOFError, IndexError, KeyError or a misleading 'weights only load failed')."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if not head:
+        raise not_a_checkpoint(path, "the file is empty (0 bytes)")
+    if head.startswith(ZIP_MAGIC):
+        if not zipfile.is_zipfile(path):  # the central directory is written last: a cut-off file has none
+            raise not_a_checkpoint(path, "its zip archive has no end (the file is cut off)")
+    elif head[0] != PICKLE_PROTO:
+        raise not_a_checkpoint(path, _describe_start(head))
+
+
+def _use_stored_tables(state: dict) -> None:
+    """A pos-pattern model built from this state takes its word-type table from the state, not the
+    table file it was trained with (which need not exist where the checkpoint is decoded)."""
+    from .modules.prune_patterns import use_stored_table  # here: this module is imported before the models
+
+    if state.get("args") is not None:
+        use_stored_table(state["args"])
+    if state.get("cfg") is not None and state["cfg"].get("model") is not None:
+        use_stored_table(state["cfg"]["model"])
 
 
 def _explain_load_errors() -> None:
@@ -61,21 +119,57 @@ def _explain_load_errors() -> None:
         return
 
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        if os.path.isfile(path):  # remote paths (fairseq's PathManager) are left to fairseq
+            check_checkpoint_file(path)
         try:
-            return original(path, arg_overrides, load_on_all_ranks)
+            state = original(path, arg_overrides, load_on_all_ranks)
         except pickle.UnpicklingError as err:
             found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
-            culprit = found.group(1) if found else str(err).splitlines()[0]
+            if not found:
+                raise not_a_checkpoint(path, f"torch cannot unpickle it ({_first_line(err)})") from err
             raise CheckpointLoadError(
-                f"cannot load checkpoint {path} with torch's safe (weights-only) loader: it holds {culprit}, "
+                f"cannot load checkpoint {path} with torch's safe (weights-only) loader: it holds {found.group(1)}, "
                 "a type fairseq checkpoints do not normally hold and fairseq-sparse does not allow-list. If you trust the "
                 "file, add the type with torch.serialization.add_safe_globals([...]) or load it once with "
                 "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 and re-save it."
             ) from err
+        except EOFError as err:
+            raise not_a_checkpoint(path, "it ends before its data does (the file is cut off)") from err
+        except RuntimeError as err:
+            if "corrupted" not in str(err):  # torch's words for a cut-off zip or legacy file
+                raise
+            raise not_a_checkpoint(path, f"torch finds it damaged ({_first_line(err)})") from err
+        _use_stored_tables(state)
+        return state
 
     load_checkpoint_to_cpu._explains_errors = True
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
 
+def _explain_unknown_architectures() -> None:
+    """Make building a model of an unregistered architecture (a checkpoint of another plugin, or of
+    fairseq-sparse loaded without it) one clear error: fairseq's own message has a formatting bug and
+    ends in ``IndexError: Replacement index 1 out of range for positional args tuple``."""
+    from fairseq import models
+
+    original = models.build_model
+    if getattr(original, "_explains_errors", False):
+        return
+
+    def build_model(cfg, task, from_checkpoint=False):
+        name = getattr(cfg, "_name", None) or getattr(cfg, "arch", None)
+        if name and name not in models.ARCH_MODEL_REGISTRY and name not in models.MODEL_DATACLASS_REGISTRY:
+            raise CheckpointLoadError(
+                f"no model architecture {name!r} is registered: a checkpoint trained with a --user-dir plugin "
+                "needs the same plugin to load it (--user-dir DIR, or import the plugin before loading). "
+                "fairseq-sparse registers transformer_sparse and its presets (transformer_sparse_mini, ...)."
+            )
+        return original(cfg, task, from_checkpoint)
+
+    build_model._explains_errors = True
+    models.build_model = build_model
+
+
 allow_fairseq_checkpoints()
 _explain_load_errors()
+_explain_unknown_architectures()

@@ -4,10 +4,11 @@
     python -m fairseq_sparse.evaluate GEN_OUTPUT DOC_REF_FILE --lang en --documents BLOCKS.tsv   # d-BLEU
 
 Hypotheses are the ``D-`` lines of the log, put back in corpus order by their
-ids, with subword-nmt joins undone (if generation did not ``--post-process``)
-and Moses detokenisation by sacremoses (``--detok none`` when the text is not
-Moses-tokenised). Detokenising here rather than with fairseq's
-``--tokenizer moses`` sidesteps a hydra config error of the fairseq fork. The
+ids. With ``--nbest N`` fairseq prints N hypotheses per sentence, best first: the
+first (best) of each id is scored, the others are ignored. Subword-nmt joins are
+undone (if generation did not ``--post-process``) and Moses detokenisation is done
+by sacremoses (``--detok none`` when the text is not Moses-tokenised). Detokenising
+here rather than with fairseq's ``--tokenizer moses`` sidesteps a hydra config error of the fairseq fork. The
 sacreBLEU signature is printed with the score.
 
 With ``--documents`` the generated lines are blocks of documents (made by
@@ -31,11 +32,15 @@ SENTENCE_SEPARATOR = "<sep>"  # as data-prep/document_blocks.py writes it
 
 
 def read_hypotheses(generate_output: str, lang: str, detok: str = "moses") -> List[str]:
-    """Detokenised hypotheses from fairseq-generate's log, in corpus order."""
+    """Detokenised hypotheses from fairseq-generate's log, in corpus order: the best of each sentence.
+
+    fairseq prints a sentence's ``--nbest`` hypotheses best first, so the first line of
+    an id is kept and later ones (worse hypotheses) are skipped.
+    """
     chosen = {}
     for line in Path(generate_output).read_text(encoding="utf-8").splitlines():
         match = re.match(r"^D-(\d+)\t[^\t]*\t(.*)$", line)
-        if match:
+        if match and int(match.group(1)) not in chosen:
             chosen[int(match.group(1))] = undo_subwords(match.group(2))
     if not chosen:
         raise ValueError(f"no D- lines in {generate_output}: is it fairseq-generate output?")

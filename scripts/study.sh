@@ -12,5 +12,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
 for table in ${TABLES:-study_de_en study_sweeps study_fr_en}; do
-    .venv/bin/python -m fairseq_sparse.tables "configs/tables/$table.yaml" --profile paper "$@"
+    .venv/bin/python -m fairseq_sparse.tables "$table" --profile paper "$@"
 done

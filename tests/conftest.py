@@ -19,7 +19,7 @@ def bible(tmp_path_factory):
     """A few hundred German-English verse pairs of the offline Bible corpus, BPE'd and binarised."""
     out = tmp_path_factory.mktemp("bible-de-en")
     subprocess.run(
-        [sys.executable, str(ROOT / "data-prep" / "bible.py"), "--pair", "de-en", "--out", str(out),
+        [sys.executable, "-m", "fairseq_sparse.data.bible", "--pair", "de-en", "--out", str(out),
          "--max-train-pairs", "400", "--max-eval-pairs", str(EVAL_PAIRS), "--bpe-merges", "1000", "--binarize"],
         check=True, capture_output=True, timeout=900,
     )

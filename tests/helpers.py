@@ -1,6 +1,8 @@
-"""Small builders shared by the model tests: a tiny transformer_sparse without a data set."""
+"""Small builders shared by the model tests: a tiny transformer_sparse without a data set, and a tiny
+binarised bitext with in-process fairseq-preprocess / fairseq-train for tests that need a checkpoint."""
 
 import argparse
+from pathlib import Path
 from typing import Dict
 
 import torch
@@ -55,3 +57,48 @@ def random_batch(lengths, tgt_lengths, seed=0, pad=1, eos=2) -> Dict[str, torch.
         prev[i, :m] = torch.randint(4, 4 + VOCAB, (m,), generator=gen)
         prev[i, 0] = eos
     return {"src_tokens": src, "src_lengths": torch.tensor(lengths), "prev_output_tokens": prev}
+
+
+# ---------------------------------------------------------------- a tiny binarised bitext and in-process fairseq
+
+TINY_SRC = ["the dog@@ gy runs .", "a cat sleeps .", "the cat runs home .", "a dog@@ gy sleeps at home .",
+            "the man walks .", "a man runs to the dog@@ gy ."]
+TINY_TGT = ["der Hund@@ i läuft .", "eine Katze schläft .", "die Katze läuft heim .", "ein Hund@@ i schläft da@@ heim .",
+            "der Mann geht .", "ein Mann läuft zum Hund@@ i ."]
+# a 2+2-layer model of width 16 and two updates on the CPU: a checkpoint in seconds
+TINY_TRAIN = [
+    "--arch", "transformer_sparse_mini", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "2",
+    "--decoder-layers", "2", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "2", "--cpu",
+    "--no-epoch-checkpoints", "--no-save-optimizer-state", "--seed", "1", "--log-format", "none",
+    "--required-batch-size-multiple", "1", "--disable-validation",
+]
+
+
+def run_in_process(tool: str, *args) -> None:
+    """fairseq-preprocess / fairseq-train in this process (saves their start-up time)."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = [str(a) for a in args]
+    if tool == "fairseq-preprocess":
+        from fairseq_cli import preprocess
+
+        preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+    else:
+        from fairseq_cli import train
+
+        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+        train.main(convert_namespace_to_omegaconf(args))
+
+
+def tiny_bitext(root) -> Path:
+    """TINY_SRC/TINY_TGT (en-de) as train, valid and test, binarised into ``root/bin``."""
+    root = Path(root)
+    for split in ("train", "valid", "test"):
+        (root / f"{split}.en").write_text("\n".join(TINY_SRC) + "\n", encoding="utf-8")
+        (root / f"{split}.de").write_text("\n".join(TINY_TGT) + "\n", encoding="utf-8")
+    run_in_process("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", root / "train",
+                   "--validpref", root / "valid", "--testpref", root / "test", "--destdir", root / "bin", "--workers", "1")
+    return root / "bin"

@@ -2,6 +2,9 @@
 end to end on a tiny trained checkpoint."""
 
 import csv
+import logging
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import torch
 from fairseq_sparse.analysis import alignment, diversity, l0drop_stats, postags, sparsity
 from fairseq_sparse.analysis.cli import main
 from fairseq_sparse.analysis.collect import AttentionRecorder, valid_masks
-from helpers import build_model, random_batch
+from helpers import TINY_SRC, TINY_TRAIN, build_model, random_batch, run_in_process, tiny_bitext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -185,47 +188,17 @@ def test_bible_alignments_converter_on_real_verses(tmp_path):
 
 # ---------------------------------------------------------------- end to end
 
-SRC = ["the dog@@ gy runs .", "a cat sleeps .", "the cat runs home .", "a dog@@ gy sleeps at home .",
-       "the man walks .", "a man runs to the dog@@ gy ."]
-TGT = ["der Hund@@ i läuft .", "eine Katze schläft .", "die Katze läuft heim .", "ein Hund@@ i schläft da@@ heim .",
-       "der Mann geht .", "ein Mann läuft zum Hund@@ i ."]
-
-
-def _run(tool, *args):
-    """fairseq-preprocess / fairseq-train in this process (saves their start-up time)."""
-    from fairseq import options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    argv = [str(a) for a in args]
-    if tool == "fairseq-preprocess":
-        from fairseq_cli import preprocess
-
-        preprocess.main(options.get_preprocessing_parser().parse_args(argv))
-    else:
-        from fairseq_cli import train
-
-        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
-        train.main(convert_namespace_to_omegaconf(args))
+SRC = TINY_SRC
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("analysis")
-    for split in ("train", "valid", "test"):
-        (root / f"{split}.en").write_text("\n".join(SRC) + "\n", encoding="utf-8")
-        (root / f"{split}.de").write_text("\n".join(TGT) + "\n", encoding="utf-8")
-    _run("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", root / "train",
-         "--validpref", root / "valid", "--testpref", root / "test", "--destdir", root / "bin", "--workers", "1")
-    model = ["--arch", "transformer_sparse_mini", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-             "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "2",
-             "--decoder-layers", "2", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
-    common = ["--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "2", "--cpu",
-              "--no-epoch-checkpoints", "--no-save-optimizer-state", "--seed", "1", "--log-format", "none",
-              "--required-batch-size-multiple", "1", "--disable-validation"]
+    tiny_bitext(root)
     # one checkpoint serves every subcommand: ReLA-g in all sublayers (null rows, re-normalisation) and L0Drop gates
-    _run("fairseq-train", root / "bin", "--user-dir", ROOT / "fairseq_sparse", *model, *common, "--save-dir", root / "ckpt",
-         "--encoder-attn-fn", "rela_g", "--decoder-attn-fn", "rela_g", "--cross-attn-fn", "rela_g",
-         "--l0drop", "--criterion", "label_smoothed_cross_entropy_l0drop")
+    run_in_process("fairseq-train", root / "bin", "--user-dir", ROOT / "fairseq_sparse", *TINY_TRAIN, "--save-dir", root / "ckpt",
+                   "--encoder-attn-fn", "rela_g", "--decoder-attn-fn", "rela_g", "--cross-attn-fn", "rela_g",
+                   "--l0drop", "--criterion", "label_smoothed_cross_entropy_l0drop")
     # a second checkpoint for the side-by-side heatmap: the same model with sharper cross-attention queries
     state = torch.load(root / "ckpt" / "checkpoint_last.pt", map_location="cpu")
     for name, tensor in state["model"].items():
@@ -297,3 +270,64 @@ def test_module_entry_point_help(monkeypatch, capsys):
         runpy.run_module("fairseq_sparse.analysis", run_name="__main__")
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and "sparsity" in out and "bible-alignments" in out
+
+
+# ---------------------------------------------------------------- user errors and output
+
+def test_heatmap_layer_head_and_sentences_out_of_range_are_one_clear_error(tiny, tmp_path):
+    base = ["heatmap", str(tiny / "bin"), "--path", str(tiny / "ckpt" / "checkpoint_last.pt"), "--out", str(tmp_path), "--cpu"]
+    for extra, message in [
+        (["--layer", "2"], "--layer 2 is out of range: .* has 2 cross attention layers, so --layer takes 0..1 "
+                           r"\(or -2..-1, counted from the top\)"),
+        (["--layer", "-3"], "--layer -3 is out of range: .*takes 0..1"),
+        (["--sentences", "0", "6", "9"], "--sentences 6 9 out of range: split 'test' has 6 sentences, ids 0..5"),
+        (["--head", "2"], "--head 2: .* has 2 heads, so --head takes 0..1 or mean"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            main(base + extra)
+        assert re.match("analysis heatmap: error: " + message, str(exit_.value.code)), exit_.value.code
+    written = main(base + ["--layer", "-1", "--sentences", "5", "--head", "1"])  # negative layers count from the top
+    assert [p.name for p in written] == ["heatmap_cross_l2_h1_s5.png"]
+
+
+def test_checkpoints_it_cannot_analyse_are_one_clear_error(tiny, tmp_path):
+    page = tmp_path / "checkpoint.pt"
+    page.write_text("<!DOCTYPE html>\n<html><body>404 Not Found</body></html>\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["sparsity", str(tiny / "bin"), "--path", str(page), "--out", str(tmp_path), "--cpu"])
+    assert str(exit_.value.code).startswith(f"analysis sparsity: error: {page} is not a PyTorch checkpoint: it is an HTML page")
+    # fairseq's own transformer: attention modules the analyses cannot read
+    run_in_process("fairseq-train", tiny / "bin", *TINY_TRAIN, "--arch", "transformer", "--save-dir", tmp_path / "stock")
+    stock = tmp_path / "stock" / "checkpoint_last.pt"
+    with pytest.raises(SystemExit) as exit_:
+        main(["heatmap", str(tiny / "bin"), "--path", str(stock), "--out", str(tmp_path), "--cpu"])
+    assert str(exit_.value.code).startswith(f"analysis heatmap: error: {stock} is a transformer model, not transformer_sparse")
+
+
+def test_analysis_prints_no_library_debug_lines(tiny, tmp_path):
+    """Importing fairseq's models sets the root logger to DEBUG (a wav2vec module's basicConfig): each
+    figure printed ~130 DEBUG lines of matplotlib's font manager; fairseq's INFO lines stay."""
+    result = subprocess.run(
+        [sys.executable, "-m", "fairseq_sparse.analysis", "heatmap", str(tiny / "bin"), "--path",
+         str(tiny / "ckpt" / "checkpoint_last.pt"), "--out", str(tmp_path), "--cpu"],
+        capture_output=True, text=True, timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "heatmap: written to" in result.stdout and "INFO:fairseq.tasks.translation" in output
+    assert [line for line in output.splitlines() if "DEBUG" in line or "matplotlib" in line] == []
+
+
+def test_quiet_library_logs_keeps_the_package_info_output():
+    from fairseq_sparse.analysis.cli import quiet_library_logs
+
+    root = logging.getLogger()
+    level = root.level
+    try:
+        root.setLevel(logging.DEBUG)  # as fairseq's wav2vec2_classification leaves it
+        quiet_library_logs()
+        assert logging.getLogger("fairseq_sparse.analysis").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("fairseq_sparse.analysis").isEnabledFor(logging.DEBUG)
+        assert not logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.INFO)
+    finally:
+        root.setLevel(level)

@@ -1,4 +1,4 @@
-"""The benchmarks in benchmarks/ run and print their tables (smallest settings; timings are never checked)."""
+"""The benchmarks in fairseq_sparse.bench run and print their tables (smallest settings; timings are never checked)."""
 
 import csv
 import importlib.util
@@ -12,7 +12,6 @@ import torch
 from fairseq_sparse.attention import attention_names
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "benchmarks"
 # One intra-op thread: the smoke tests must not depend on (or fight over) the machine's cores.
 TINY_MODEL = ["--arch", "transformer_sparse_mini", "--threads", "1"]
 
@@ -36,7 +35,7 @@ RUNS = {
 
 
 def run(script, *args):
-    return subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", f"fairseq_sparse.bench.{Path(script).stem}", *args], capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("script", sorted(RUNS))
@@ -76,9 +75,7 @@ def test_run_prints_tables_and_writes_csv(tmp_path):
 
 
 def test_run_rejects_unknown_rows(capsys):
-    spec = importlib.util.spec_from_file_location("benchmarks_run", BENCHMARKS / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("fairseq_sparse.bench.run")
     assert module.parse_args([]).functions == module.DEFAULT_FUNCTIONS
     assert module.parse_args([]).long_lengths == []
     with pytest.raises(SystemExit) as exit_info:
@@ -93,10 +90,10 @@ def check_plan(text):
     """The GPU report's plan names every registered function, both precisions and every benchmark."""
     for name in attention_names() + ["l0drop", "l0drop_every_layer"]:
         assert f"[train] train {name} fp16: " in text and f"[train] train {name} bf16: " in text, name
-    for fragment in ["--fp16", "--bf16", "--l0drop-every-layer", "fairseq_cli.train", "fairseq_cli.preprocess",
-                     "benchmarks/run.py --device cuda", "--beam 4 --batch-size 128 --long-lengths 512 1024",
-                     "benchmarks/operations.py --device cuda", "benchmarks/memory.py --device cuda --lengths 512 1024",
-                     "--causal", "benchmarks/cuda_equality.py --device cuda", "torch.cuda.get_device_name"]:
+    for fragment in ["--fp16", "--bf16", "--l0drop-every-layer", "fairseq_cli.train", "fairseq_sparse.train", "fairseq_cli.preprocess",
+                     "fairseq_sparse.bench.run --device cuda", "--beam 4 --batch-size 128 --long-lengths 512 1024",
+                     "fairseq_sparse.bench.operations --device cuda", "fairseq_sparse.bench.memory --device cuda --lengths 512 1024",
+                     "--causal", "fairseq_sparse.bench.cuda_equality --device cuda", "torch.cuda.get_device_name"]:
         assert fragment in text, fragment
 
 

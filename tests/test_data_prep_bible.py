@@ -1,21 +1,13 @@
-"""Tests of data-prep/bible.py on a tiny Bible database built in tmp_path (no network)."""
+"""Tests of fairseq_sparse.data.bible on a tiny Bible database built in tmp_path (no network)."""
 
-import importlib.util
+import importlib
 import sqlite3
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "data-prep" / "bible.py"
-
 
 def _load():
-    spec = importlib.util.spec_from_file_location("data_prep_bible", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("fairseq_sparse.data.bible")
 
 
 bible = _load()

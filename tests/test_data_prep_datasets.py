@@ -1,4 +1,4 @@
-"""End-to-end tests of the per-dataset scripts in data-prep/ on tiny raw files (no network).
+"""End-to-end tests of the per-dataset modules of fairseq_sparse.data on tiny raw files (no network).
 
 Every raw format the scripts read is written here in its exact layout from the
 parallel sentences of ``tests/fixtures/data_prep/sentences.tsv``: IWSLT
@@ -18,17 +18,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PREP = ROOT / "data-prep"
 BIN = Path(sys.executable).parent
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "data_prep" / "sentences.tsv"
 
 
+def common_module():
+    return importlib.import_module("fairseq_sparse.data.common")
+
+
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"data_prep_{name}", PREP / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"fairseq_sparse.data.{name}")
 
 
 SCRIPTS = {name: _load(name) for name in ("iwslt14_de_en", "iwslt15_en_vi", "iwslt17_fr_en", "wmt")}
@@ -212,7 +211,7 @@ def build(name, workdir):
         script, extra, writer, pair = CASES[name]
         raw = writer(workdir / "raw" / name)
         out = workdir / "out" / name
-        common = sys.modules["common"]
+        common = common_module()
         common.BINARIZE_IN_PROCESS = name != SUBPROCESS
         try:
             rc = SCRIPTS[script].main(["--raw", str(raw), "--out", str(out), *extra])
@@ -353,7 +352,7 @@ def test_help(script, capsys):
 
 
 def test_readers(tmp_path):
-    common = sys.modules["common"]
+    common = common_module()
     sgm = tmp_path / "x.sgm"
     sgm.write_text('<srcset>\n<doc docid="a">\n<seg id="1">Smith &amp; Sons’ shop</seg>\n</doc>\n</srcset>\n',
                    encoding="utf-8")
@@ -370,7 +369,7 @@ def test_download_extracts_archives_offline(tmp_path):
     import tarfile
     import zipfile
 
-    common = sys.modules["common"]
+    common = common_module()
     src = tmp_path / "src"
     write_lines(src / "corpus" / "a.en", ["hello"])
     with tarfile.open(tmp_path / "a.tgz", "w:gz") as t:

@@ -1,4 +1,4 @@
-"""End-to-end tests of data-prep/documents.py on tiny hand-made raw files (no network).
+"""End-to-end tests of fairseq_sparse.data.documents on tiny hand-made raw files (no network).
 
 Both raw formats are written here in their exact layout: Maruf et al.'s document-level
 release (``concatenated_en2de_{split}_{lang}.txt``, ``<d>`` lines start documents, CRLF
@@ -24,18 +24,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "data-prep" / "documents.py"
 BIN = Path(sys.executable).parent
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "data_prep" / "sentences.tsv"
 MAX_TOKENS = 40
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"data_prep_{name}", ROOT / "data-prep" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"fairseq_sparse.data.{name}")
 
 
 blocking = _load("document_blocks")
@@ -166,7 +161,7 @@ def maruf_raw(root):
 
 
 def run_script(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "fairseq_sparse.data.documents", *map(str, args)], capture_output=True, text=True, timeout=600)
 
 
 # ----------------------------------------------------------------------------- builds
@@ -183,7 +178,7 @@ def built(tmp_path_factory):
     }
     procs = {}
     for name, (args, _) in cases.items():
-        cmd = [sys.executable, str(SCRIPT), *map(str, args), "--out", str(work / name), "--merges", "300",
+        cmd = [sys.executable, "-m", "fairseq_sparse.data.documents", *map(str, args), "--out", str(work / name), "--merges", "300",
                "--max-tokens", str(MAX_TOKENS)]
         procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = {}

@@ -1,7 +1,7 @@
 """Document-level translation: blocks of at most 512 tokens, un-blocking and d-BLEU.
 
 The unit tests use synthetic documents; the end-to-end test groups Bible verses by
-chapter (data-prep/bible.py --level document), packs them into blocks, trains a tiny
+chapter (fairseq_sparse.data.bible --level document), packs them into blocks, trains a tiny
 transformer_sparse_doc with window / Top-k (OOW) self-attention for a few updates, decodes
 the blocks and scores d-BLEU over whole chapters.
 """
@@ -29,11 +29,7 @@ BIN = Path(sys.executable).parent
 
 
 def _load_document_blocks():
-    spec = importlib.util.spec_from_file_location("data_prep_document_blocks", ROOT / "data-prep" / "document_blocks.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("fairseq_sparse.data.document_blocks")
 
 
 blocking = _load_document_blocks()
@@ -188,7 +184,7 @@ def bible_blocks(tmp_path_factory):
     """Bible chapters (de-en) -> blocks of <= 512 tokens -> binarised with a joined dictionary."""
     chapters, out = tmp_path_factory.mktemp("bible-doc"), tmp_path_factory.mktemp("bible-blocks")
     subprocess.run(
-        [sys.executable, str(ROOT / "data-prep" / "bible.py"), "--pair", "de-en", "--level", "document", "--out", str(chapters),
+        [sys.executable, "-m", "fairseq_sparse.data.bible", "--pair", "de-en", "--level", "document", "--out", str(chapters),
          "--max-train-pairs", "60", "--max-eval-pairs", "5", "--bpe-merges", "1000", "--max-len", "100000"],
         check=True, capture_output=True, timeout=900,
     )

@@ -1,4 +1,4 @@
-"""ReLA Table 4: the FLOPs formulas of softmax attention and ReLA-g against a counted forward (benchmarks/flops.py).
+"""ReLA Table 4: the FLOPs formulas of softmax attention and ReLA-g against a counted forward (fairseq_sparse.bench.flops).
 
 Counts are integers and the convention is exact, so the tolerance is zero: the ops the
 paper counts add up to its formula exactly, and what the implementation does beyond
@@ -6,18 +6,10 @@ them is asserted to be exactly the documented gap (softmax: the row-maximum shif
 2HT^2 - HT; ReLA-g: RMSNorm's eps add and its null-row guard, 3T).
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "flops.py"
-_spec = importlib.util.spec_from_file_location("benchmarks_flops", PATH)
-flops = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = flops  # dataclasses look their module up
-_spec.loader.exec_module(flops)
+from fairseq_sparse.bench import flops
 
 SIZES = [(1, 1, 4), (2, 3, 8), (4, 7, 16), (8, 20, 64), (8, 33, 512)]  # (H, T, d)
 

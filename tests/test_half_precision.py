@@ -128,3 +128,29 @@ def test_fairseq_train_fp16_keeps_the_default_loss_scale(run_id, options, bible,
     assert len(updates) == 4, output[-3000:]
     for line in updates:
         assert "loss_scale=128," in line and "loss=nan" not in line and "loss=inf" not in line, line
+
+
+BF16_RUNS = [CLI_RUNS[0], *[run for run in CLI_RUNS if run[0] in ("l0drop", "pattern_group")]]
+
+
+@pytest.mark.parametrize("run_id,options", BF16_RUNS, ids=[r[0] for r in BF16_RUNS])
+def test_bf16_training_through_the_cli(run_id, options, bible, tmp_path):
+    """fairseq 0.12 reads --bf16 as "on a TPU" (fairseq-train --bf16 --cpu dies in torch_xla);
+    python -m fairseq_sparse.train takes fairseq-train's arguments and trains in bfloat16 on the
+    device asked for: finite losses, nothing else changed."""
+    output = train(bible, tmp_path, "--bf16", "--memory-efficient-bf16", "--no-save", *options, updates=3,
+                   tool="fairseq_sparse.train")
+    updates = [line for line in output.splitlines() if "| train_inner |" in line]
+    assert len(updates) == 3, output[-3000:]
+    for line in updates:
+        assert "loss=nan" not in line and "loss=inf" not in line, line
+
+
+def test_bf16_entry_point_keeps_fairseq_options_but_not_the_tpu(bible):
+    from fairseq_sparse.train import parse
+
+    base = [str(bible / "bin"), "--arch", "transformer_sparse_mini", "--optimizer", "adam", "--lr", "0.001", "--cpu"]
+    cfg = parse([*base, "--bf16"])
+    assert cfg.common.bf16 and not cfg.common.tpu and cfg.optimization.lr == [0.001]
+    assert parse([*base, "--bf16", "--tpu"]).common.tpu  # a TPU run asks for one
+    assert not parse(base).common.bf16

@@ -120,3 +120,73 @@ def test_unloadable_checkpoint_gives_one_clear_error(tmp_path):
     with pytest.raises(CheckpointLoadError, match="safe \\(weights-only\\) loader.*NotAllowed.*add_safe_globals") as info:
         checkpoint_utils.load_checkpoint_to_cpu(str(path))
     assert isinstance(info.value.__cause__, pickle.UnpicklingError)
+
+
+def _cut_in_half(path, legacy: bool = False) -> None:
+    torch.save({"model": build_model().state_dict()}, path, _use_new_zipfile_serialization=not legacy)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("case,what", [
+    ("empty", "the file is empty"),
+    ("html", "it is an HTML page"),
+    ("truncated", "its zip archive has no end"),
+    ("truncated-legacy", r"torch finds it damaged \(unexpected EOF"),
+    ("random", "it starts with the bytes"),
+])
+def test_a_file_that_is_not_a_checkpoint_gives_one_clear_error(tmp_path, case, what):
+    path = tmp_path / "checkpoint_best.pt"
+    if case == "empty":
+        path.write_bytes(b"")
+    elif case == "html":  # what a failed download of a model URL often saves
+        path.write_text("<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head><body></body></html>\n")
+    elif case == "random":
+        path.write_bytes(bytes(range(7, 256)))
+    else:
+        _cut_in_half(path, legacy=case == "truncated-legacy")
+    # before: EOFError, RuntimeError, or "it holds Weights only load failed..., a type fairseq checkpoints
+    # do not normally hold" with advice to switch the safe loader off
+    with pytest.raises(CheckpointLoadError, match=f"^{path} is not a PyTorch checkpoint: {what}.*HTML page") as info:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert "weights_only" not in str(info.value) and "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in str(info.value)
+
+
+def test_a_checkpoint_of_an_unregistered_architecture_gives_one_clear_error():
+    """fairseq's own error here has a formatting bug: IndexError: Replacement index 1 out of range."""
+    from fairseq import models
+
+    with pytest.raises(CheckpointLoadError, match="no model architecture 'my_plugin_arch' is registered.*--user-dir"):
+        models.build_model(argparse.Namespace(_name="my_plugin_arch", arch="my_plugin_arch"), task=None, from_checkpoint=True)
+
+
+def test_a_checkpoint_of_other_sizes_names_the_parameters_of_another_shape():
+    wider = build_model(encoder_embed_dim=32, decoder_embed_dim=32)
+    with pytest.raises(RuntimeError, match=r"do not fit this transformer_sparse model .*0 missing .*0 unexpected .*"
+                                           r"of another shape \(e\.g\. \['encoder\.embed_tokens\.weight \(24, 16\) in the "
+                                           r"checkpoint, \(24, 32\) here'"):
+        wider.load_state_dict(build_model().state_dict())
+
+
+def test_a_k_that_is_not_positive_stops_fairseq_train_with_one_line(tmp_path):
+    cmd = [os.path.join(os.path.dirname(sys.executable), "fairseq-train"), str(tmp_path / "no-data"),
+           "--user-dir", os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/fairseq_sparse",
+           "--arch", "transformer_sparse_mini", "--attn-k", "0"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    # argparse prints fairseq-train's (long) usage, then the error as the last line, and exits with 2
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line == "fairseq-train: error: argument --attn-k: must be a positive integer, got '0'"
+
+
+@pytest.mark.parametrize("option,value", [("--attn-k", "-1"), ("--decoder-attn-k", "0"), ("--cross-attn-k", "two")])
+def test_k_options_reject_what_is_not_a_positive_integer_in_argument_parsing(option, value, capsys):
+    from fairseq_sparse.models.sparse_layers import add_sparse_attention_args
+
+    parser = argparse.ArgumentParser(prog="fairseq-train")
+    add_sparse_attention_args(parser)
+    assert parser.parse_args([option, "3"]).__dict__[option[2:].replace("-", "_")] == 3
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args([option, value])
+    assert exit_.value.code == 2
+    assert f"error: argument {option}: must be a positive integer, got '{value}'" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_sparse.modules.prune_patterns import RulePatternGate, frequent_types, rare_types
-from helpers import TinyTask, build_model, random_batch
+from helpers import TINY_TRAIN, TinyTask, build_model, random_batch, run_in_process, tiny_bitext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,3 +103,28 @@ def test_pos_table_builder_with_the_offline_tagger(lang, text, pruned, kept, tmp
     words = set(load_builder().main([str(source), "--lang", lang, "--out", str(tmp_path / "table")]))
     assert pruned <= words and not (kept & words)
     assert set((tmp_path / "table").read_text().split()) == words
+
+
+def test_pos_checkpoint_decodes_without_its_table_file(tmp_path):
+    """The table is a buffer of the checkpoint: decoding takes it from there, not from the training path."""
+    from fairseq import checkpoint_utils
+
+    data = tiny_bitext(tmp_path)
+    table = tmp_path / "pos_table.en"
+    table.write_text("the\na\n.\n")
+    run_in_process("fairseq-train", data, "--user-dir", ROOT / "fairseq_sparse", *TINY_TRAIN, "--save-dir", tmp_path / "ckpt",
+                   "--encoder-prune-pattern", "pos", "--encoder-prune-pos-table", table)
+    table.unlink()  # before: FileNotFoundError: --encoder-prune-pos-table: no such file
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(tmp_path / "ckpt" / "checkpoint_last.pt")], arg_overrides={"data": str(data)})
+    model, d = models[0].eval(), task.source_dictionary
+    assert {d[i] for i in model.encoder.l0drop_gate.prunable_types.nonzero().flatten()} == {"the", "a", "."}
+    task.load_dataset("test")
+    sample = task.dataset("test").collater([task.dataset("test")[i] for i in range(3)])
+    closed = model.encoder(**{k: sample["net_input"][k] for k in ("src_tokens", "src_lengths")})["l0drop_closed"][0]
+    tokens = sample["net_input"]["src_tokens"]
+    assert closed[tokens == d.index("the")].all() and closed.any(dim=1).all()
+    generator = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=5)
+    with torch.no_grad():
+        hypotheses = generator.generate([model], sample)
+    assert len(hypotheses) == 3 and all(len(h[0]["tokens"]) > 0 for h in hypotheses)

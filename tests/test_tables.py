@@ -1,5 +1,6 @@
 """The table runner: argument merging, configuration checks, every table's commands, smoke runs."""
 
+import csv
 import shutil
 from pathlib import Path
 
@@ -62,6 +63,8 @@ rows: [{id: a, label: A}, {id: b, label: B, reuse: a}]
     (("{id: a, label: A}", "{id: a, label: A, paper: {rouge: 1}}"), "paper numbers for unknown column(s) ['rouge']"),
     (("measure: bleu}", "measure: decode_speedup}"), "needs 'baseline:' naming a row"),
     (("measure: bleu}", "measure: bleu, metric: d_bleu}"), "d_bleu needs a document-level dataset"),
+    (("columns: [{id: bleu, label: BLEU", "columns: [{id: null, label: BLEU"), "column None: id must be a non-empty string"),
+    (("{id: a, label: A}", "{id: a, label: 12}"), "row 'a': label must be a non-empty string, got 12"),
 ])
 def test_bad_configuration_is_one_clear_error(configs, change, message):
     load_table(write_table(configs, GOOD), "smoke", configs)  # the unchanged table is fine
@@ -101,17 +104,16 @@ def test_every_command_of_every_table_parses(config, profile, tmp_path, capsys):
     assert "commands parse" in capsys.readouterr().out
 
 
-def test_every_table_has_a_script():
+def test_every_table_runs_by_name(capsys):
+    """python -m fairseq_sparse.tables NAME (and scripts/table.sh NAME) finds every shipped table."""
     for config in TABLES:
-        script = ROOT / "scripts" / "tables" / f"{config.stem}.sh"
-        if config.stem == "demo":
-            script = ROOT / "scripts" / "demo.sh"
-        if config.stem.startswith("study_"):  # the study's tables run in order from one script
-            script = ROOT / "scripts" / "study.sh"
-            assert config.stem in script.read_text()
-            continue
-        assert script.is_file(), f"no script for {config.name}"
-        assert f"configs/tables/{config.name}" in script.read_text()
+        assert tables.resolve_config(config.stem) == tables.CONFIGS / "tables" / config.name
+    with pytest.raises(tables.ConfigError, match="no table named 'nope'; known: .*rela_table1"):
+        tables.resolve_config("nope")
+    assert tables.main(["nope"]) == 1
+    assert "no table named 'nope'" in capsys.readouterr().err
+    script = (ROOT / "scripts" / "table.sh").read_text()
+    assert "python -m fairseq_sparse.tables" in script
 
 
 # ---------------------------------------------------------------- smoke runs, end to end
@@ -178,3 +180,53 @@ def test_hard_table4_decodes_one_model_two_ways_in_smoke_profile(smoke_root, cap
     assert csv_text.count("\n") == 1 + 4 and "failed" not in csv_text
     decodes = list((smoke_root / "hard_table4" / "decode").rglob("test.*.txt"))
     assert len(decodes) == 4  # two trained models, each decoded with soft and with hard attention
+
+
+STUDY_LIKE = """name: seeds
+title: Two seeds
+paper: study
+source: test
+datasets: [{id: bible_de_en_full, setting: cpu_converge}]
+columns:
+  - {id: bleu, label: BLEU, dataset: bible_de_en_full, measure: bleu}
+  - {id: delta, label: delta, dataset: bible_de_en_full, measure: bleu_delta, baseline: softmax}
+  - {id: zero, label: zero, dataset: bible_de_en_full, measure: attn_sparsity}
+  - {id: nulls, label: nulls, dataset: bible_de_en_full, measure: null_rate}
+  - {id: epochs, label: epochs, dataset: bible_de_en_full, measure: epochs}
+  - {id: loss, label: loss, dataset: bible_de_en_full, measure: best_valid_loss}
+  - {id: minutes, label: minutes, dataset: bible_de_en_full, measure: train_minutes}
+rows:
+  - {id: softmax, label: softmax, args: "--encoder-attn-fn softmax"}
+  - {id: topk, label: topk, args: "--encoder-attn-fn topk --decoder-attn-fn topk --cross-attn-fn topk --attn-k 2",
+     paper: {delta: +0.3}}
+"""
+
+
+def cells(md: str) -> dict:
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]][0::2]
+            for line in md.splitlines() if line.startswith("| ") and "---" not in line}
+
+
+def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke_root, tmp_path, capsys):
+    config = tmp_path / "seeds.yaml"
+    config.write_text(STUDY_LIKE)
+    common = ["--profile", "smoke", "--models-root", str(smoke_root / "models"), "--data-root", str(smoke_root / "data")]
+    assert tables.main([str(config), *common, "--out", str(tmp_path / "run"), "--seeds", "1", "2"]) == 0
+    capsys.readouterr()
+    md = (tmp_path / "run" / "seeds.md").read_text()
+    bleu, delta, zero, null, epochs, loss, minutes = cells(md)["topk"]
+    assert " ± " in bleu and " ± " in delta and delta[0] in "+-"  # two seeds: mean ± std; a difference has its sign
+    assert cells(md)["softmax"][1].startswith("+0.00")  # the baseline against itself, seed by seed
+    assert float(zero.split(" ")[0]) > 0 and float(null.split(" ")[0]) >= 0
+    assert float(epochs.split(" ")[0]) >= 1 and float(minutes.split(" ")[0]) >= 0
+    assert loss == "—"  # smoke trains with --disable-validation: not measured, not failed
+    assert "| +0.30 |" in md  # the paper's delta beside ours
+    # a third seed that never ran: --report-only writes the table from what finished, and says so
+    assert tables.main([str(config), *common, "--out", str(tmp_path / "run"), "--seeds", "1", "2", "3", "--report-only"]) == 0
+    assert "[1/" not in capsys.readouterr().out  # nothing ran
+    again = (tmp_path / "run" / "seeds.md").read_text()
+    assert cells(again)["topk"][0] == bleu and "planned: [1, 2, 3]" in again and "topk 1,2" in again
+    with open(tmp_path / "run" / "seeds.csv", encoding="utf-8") as f:
+        record = next(r for r in csv.DictReader(f) if r["row"] == "topk" and r["column"] == "bleu")
+    assert record["seeds"] == "2" and float(record["std"]) >= 0
+    assert abs(float(record["ours"]) - float(bleu.split(" ")[0])) < 0.006

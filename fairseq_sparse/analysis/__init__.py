@@ -5,4 +5,4 @@ Each metric is a plain function on tensors (``sparsity``, ``diversity``, ``align
 ``report`` writes Markdown, CSV and PNG; ``cli`` wires them into subcommands.
 """
 
-SUBLAYERS = ("encoder", "decoder", "cross")  # encoder self-, decoder self-, encoder-decoder attention
+from fairseq_sparse.models.sparse_layers import SUBLAYERS  # noqa: F401  (encoder self-, decoder self-, cross)

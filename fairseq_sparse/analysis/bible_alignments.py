@@ -15,7 +15,6 @@ tokens are skipped.
 import csv
 import io
 import json
-import os
 import subprocess
 import sys
 import zipfile
@@ -23,15 +22,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from fairseq_sparse.data.common import cache_dir
+
 PACKAGE = "bible-alignments==0.4.2"
 ALIGNMENTS = "data/eng/alignments/BSB/SBLGNT-BSB-manual.json"
 SOURCE_TSV = "data/sources/SBLGNT.tsv"
 TARGET_TSV = "data/eng/targets/BSB/nt_BSB.tsv"
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("FAIRSEQ_SPARSE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "fairseq-sparse"
 
 
 def wheel_path(cache: Optional[Path] = None, download: bool = True) -> Path:

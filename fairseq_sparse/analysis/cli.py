@@ -6,6 +6,7 @@ bible-alignments (gold alignments from the bible-alignments wheel). Each writes
 """
 
 import argparse
+import logging
 import math
 import sys
 from collections import Counter, defaultdict
@@ -14,8 +15,9 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..checkpoint_loading import CheckpointLoadError
 from . import SUBLAYERS, alignment, diversity, l0drop_stats, report, sparsity
-from .collect import batches, load
+from .collect import NotASparseModel, attention_modules, batches, load
 
 
 def _pieces(dictionary, tokens) -> List[str]:
@@ -244,6 +246,26 @@ def run_l0drop(model, task, args) -> dict:
 
 # ---------------------------------------------------------------- heatmap
 
+def check_heatmap_choice(path: str, model, task, args) -> None:
+    """Exit with one line naming the valid range when --layer, --head or --sentences is out of it."""
+    modules = [module for (sublayer, _), module in attention_modules(model).items() if sublayer == args.sublayer]
+    if not modules:
+        sys.exit(f"analysis heatmap: error: {path} has no {args.sublayer} attention")
+    layers, heads = len(modules), modules[0].num_heads
+    if not -layers <= args.layer < layers:
+        sys.exit(f"analysis heatmap: error: --layer {args.layer} is out of range: {path} has {layers} {args.sublayer} "
+                 f"attention layers, so --layer takes 0..{layers - 1} (or -{layers}..-1, counted from the top)")
+    if args.head != "mean" and not (args.head.isdigit() and int(args.head) < heads):
+        sys.exit(f"analysis heatmap: error: --head {args.head}: {path} has {heads} heads, so --head takes 0..{heads - 1} or mean")
+    if args.split not in task.datasets:
+        task.load_dataset(args.split)
+    sentences = len(task.dataset(args.split))
+    wrong = [i for i in args.sentences if not 0 <= i < sentences]
+    if wrong:
+        sys.exit(f"analysis heatmap: error: --sentences {' '.join(map(str, wrong))} out of range: split "
+                 f"'{args.split}' has {sentences} sentences, ids 0..{sentences - 1}")
+
+
 def run_heatmap(args) -> List[Path]:
     paths = args.path
     labels = args.labels or [Path(p).stem for p in paths]
@@ -253,6 +275,8 @@ def run_heatmap(args) -> List[Path]:
     loaded = [load(p, args.data, args.cpu, args.dtype, o) for p, o in zip(paths, overrides)]
     task = loaded[0][1]
     src_dict, tgt_dict, pad = task.source_dictionary, task.target_dictionary, task.source_dictionary.pad()
+    for path, (model, model_task) in zip(paths, loaded):
+        check_heatmap_choice(path, model, model_task, args)
     per_model = []
     for model, model_task in loaded:
         found = {}
@@ -342,8 +366,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_library_logs() -> None:
+    """Keep INFO output (fairseq's, the package's) but not other libraries' DEBUG lines.
+
+    Importing fairseq's models runs ``logging.basicConfig(level=logging.DEBUG)`` (in
+    fairseq/models/wav2vec/wav2vec2_classification.py), which fairseq's own commands pre-empt by
+    configuring logging first; without this, each figure printed ~130 DEBUG lines of matplotlib's
+    font manager.
+    """
+    root = logging.getLogger()
+    if root.level < logging.INFO:
+        root.setLevel(logging.INFO)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+
 def main(argv: Optional[List[str]] = None):
     args = build_parser().parse_args(argv)
+    quiet_library_logs()
     if args.command == "bible-alignments":
         from .bible_alignments import convert
 
@@ -354,11 +393,14 @@ def main(argv: Optional[List[str]] = None):
     for path in (args.path if isinstance(args.path, list) else [args.path]):
         if not Path(path).is_file():
             sys.exit(f"analysis: error: no such checkpoint: {path}")
-    if args.command == "heatmap":
-        result = run_heatmap(args)
-    else:
-        model, task = load(args.path, args.data, args.cpu, args.dtype, args.model_overrides)
-        result = {"sparsity": run_sparsity, "diversity": run_diversity, "aer": run_aer, "l0drop": run_l0drop}[args.command](
-            model, task, args)
+    try:
+        if args.command == "heatmap":
+            result = run_heatmap(args)
+        else:
+            model, task = load(args.path, args.data, args.cpu, args.dtype, args.model_overrides)
+            result = {"sparsity": run_sparsity, "diversity": run_diversity, "aer": run_aer, "l0drop": run_l0drop}[args.command](
+                model, task, args)
+    except (CheckpointLoadError, NotASparseModel) as err:  # a checkpoint it cannot analyse: one line, no traceback
+        sys.exit(f"analysis {args.command}: error: {err}")
     print(f"{args.command}: written to {args.out}")
     return result

@@ -18,6 +18,10 @@ from ..modules.sparse_multihead_attention import SparseMultiheadAttention
 from . import SUBLAYERS
 
 
+class NotASparseModel(TypeError):
+    """A checkpoint whose attention modules are not fairseq-sparse's (another architecture)."""
+
+
 def attention_modules(model) -> Dict[Tuple[str, int], SparseMultiheadAttention]:
     """{(sublayer, layer index): module} for 'encoder', 'decoder' (self) and 'cross'."""
     found = {}
@@ -29,7 +33,7 @@ def attention_modules(model) -> Dict[Tuple[str, int], SparseMultiheadAttention]:
             found[("cross", i)] = layer.encoder_attn
     for key, module in found.items():
         if not isinstance(module, SparseMultiheadAttention):
-            raise TypeError(f"{key[0]} attention of layer {key[1]} is {type(module).__name__}, not SparseMultiheadAttention")
+            raise NotASparseModel(f"{key[0]} attention of layer {key[1]} is {type(module).__name__}, not SparseMultiheadAttention")
     return found
 
 
@@ -142,6 +146,12 @@ def load(path: str, data: str, cpu: bool = True, dtype: str = "float32", model_o
         raise ValueError(f"--model-overrides must be a dict literal, got {model_overrides!r}")
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={**overrides, "data": data})
     model = models[0].eval()
+    try:  # here rather than at the first batch, and naming the checkpoint
+        attention_modules(model)
+    except (NotASparseModel, AttributeError) as err:
+        arch = getattr(getattr(model, "cfg", None), "_name", None) or type(model).__name__
+        raise NotASparseModel(f"{path} is a {arch} model, not transformer_sparse ({err}): the analyses record the "
+                              "attention of transformer_sparse checkpoints (--arch transformer_sparse*)") from err
     if hasattr(model.encoder, "compress"):
         model.encoder.compress = False
     model.to(DTYPES[dtype])
@@ -155,7 +165,8 @@ def batches(model, task, split: str, max_tokens: int = 4000, max_sentences: Opti
     """BatchAttention for the first ``max_sentences`` sentences of ``split`` (or the given ids)."""
     from fairseq import utils
 
-    task.load_dataset(split)
+    if split not in task.datasets:  # the heatmap command has loaded it to check --sentences
+        task.load_dataset(split)
     dataset = task.dataset(split)
     pad = task.source_dictionary.pad()
     if ids is None:

@@ -39,6 +39,9 @@ _POSITION_BITS = 21  # random ranks append the key position (< 2M tokens) to bre
 _HASH_MASK = 0xFFFFFFFF
 
 
+# seed of random/bigbird attention when none is given (--attn-pattern-seed): one default for model and module
+DEFAULT_PATTERN_SEED = 1
+
 def _positions(scores: Tensor, ctx: AttentionContext) -> Tuple[Tensor, Tensor]:
     """Query positions (B|1, 1, T, 1) and key positions (B|1, 1, 1, S) as long tensors.
 

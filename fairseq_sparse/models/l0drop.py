@@ -25,8 +25,8 @@ from torch import Tensor
 
 from ..attention import get_attention
 from ..modules.l0drop import GateOutput, HardConcreteGate, compress_memory
-from ..modules.prune_patterns import PATTERNS, RulePatternGate
-from .sparse_transformer import SparseTransformerDecoder, SparseTransformerEncoder, SparseTransformerEncoderLayer, wrap_layer
+from ..modules.prune_patterns import PATTERNS, STORED_TABLE_OPTION, RulePatternGate
+from .sparse_layers import SparseTransformerDecoder, SparseTransformerEncoder, SparseTransformerEncoderLayer, wrap_layer
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,8 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         if cfg.encoder_prune_pattern:
-            self.l0drop_gate = RulePatternGate(cfg.encoder_prune_pattern, dictionary, cfg.encoder_prune_pos_table)
+            self.l0drop_gate = RulePatternGate(cfg.encoder_prune_pattern, dictionary, cfg.encoder_prune_pos_table,
+                                               table_stored=getattr(cfg, STORED_TABLE_OPTION, False))
         else:
             self.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim)
         self.mask_pruned = cfg.l0drop_mask_pruned

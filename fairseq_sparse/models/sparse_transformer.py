@@ -1,149 +1,39 @@
 """``transformer_sparse``: fairseq's Transformer with a registered attention function per sublayer.
 
 Only the small ``build_*`` hooks of fairseq's transformer are overridden; every
-``forward`` is fairseq's own.
+``forward`` is fairseq's own. The layers and options are in ``sparse_layers``, L0Drop's
+gated encoder and compressed-memory decoder in ``l0drop``.
 """
 
 import logging
 
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import (
-    TransformerConfig,
-    TransformerDecoderBase,
-    TransformerEncoderBase,
-    TransformerModel,
-)
+from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
     transformer_iwslt_de_en,
     transformer_vaswani_wmt_en_de_big,
 )
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ..attention import attention_names, check_k, get_attention
-from ..modules.sparse_multihead_attention import SparseMultiheadAttention
+from .l0drop import (
+    L0DropTransformerDecoder,
+    L0DropTransformerEncoder,
+    add_l0drop_args,
+    l0drop_defaults,
+    uses_gated_encoder,
+)
+from .sparse_layers import (
+    DEFAULT_ATTN_FN,
+    SUBLAYERS,
+    SparseTransformerDecoder,
+    SparseTransformerEncoder,
+    add_sparse_attention_args,
+    set_default,
+    sparse_attention_defaults,
+    validate_sparse_attention_args,
+)
 
 logger = logging.getLogger(__name__)
-
-SUBLAYERS = ("encoder", "decoder", "cross")
-DEFAULT_ATTN_FN = "softmax"
-DEFAULT_ATTN_K = 8
-DEFAULT_PATTERN_SEED = 1
-HARD_TRAIN_CHOICES = ("sample", "argmax")
-
-
-def add_sparse_attention_args(parser) -> None:
-    """Options choosing the attention function of each sublayer.
-
-    No argparse defaults: fairseq architectures fill unset options, so presets can
-    set their own (see ``sparse_attention_defaults``).
-    """
-    names = attention_names()
-    for sublayer, what in zip(SUBLAYERS, ("encoder self-attention", "decoder self-attention", "encoder-decoder attention")):
-        parser.add_argument(f"--{sublayer}-attn-fn", choices=names, metavar="FN",
-                            help=f"attention function of the {what} (default: {DEFAULT_ATTN_FN}); one of: {', '.join(names)}")
-        parser.add_argument(f"--{sublayer}-attn-k", type=int, metavar="K",
-                            help=f"attended keys per query in the {what} for functions that take k (default: --attn-k)")
-    parser.add_argument("--attn-k", type=int, metavar="K",
-                        help=f"attended keys per query for functions that take k, e.g. topk (default: {DEFAULT_ATTN_K})")
-    parser.add_argument("--hard-train", choices=HARD_TRAIN_CHOICES,
-                        help="how hard retrieval attention picks its key in training: sample from the softmax "
-                             "(the paper) or take its argmax (default: sample)")
-    parser.add_argument("--attn-pattern-seed", type=int, metavar="N",
-                        help=f"seed of the random key choice of random/bigbird attention (default: {DEFAULT_PATTERN_SEED})")
-
-
-def _set_default(args, name: str, value) -> None:
-    """Set ``args.name`` unless the user gave it (0 and '' count as given, to be rejected later)."""
-    if getattr(args, name, None) is None:
-        setattr(args, name, value)
-
-
-def sparse_attention_defaults(args) -> None:
-    _set_default(args, "attn_k", DEFAULT_ATTN_K)
-    for sublayer in SUBLAYERS:
-        _set_default(args, f"{sublayer}_attn_fn", DEFAULT_ATTN_FN)
-        _set_default(args, f"{sublayer}_attn_k", None)
-    _set_default(args, "hard_train", "sample")
-    _set_default(args, "attn_pattern_seed", DEFAULT_PATTERN_SEED)
-
-
-def validate_sparse_attention_args(args) -> None:
-    """Reject unknown function names and k <= 0 with one message naming the valid choices."""
-    for sublayer in SUBLAYERS:
-        fn = getattr(args, f"{sublayer}_attn_fn")
-        try:
-            get_attention(fn)
-        except ValueError as err:
-            raise ValueError(f"--{sublayer}-attn-fn: {err}") from None
-        sublayer_k = getattr(args, f"{sublayer}_attn_k")
-        if sublayer_k is not None:
-            check_k(sublayer_k, f"--{sublayer}-attn-k")
-    check_k(args.attn_k, "--attn-k")
-    if args.hard_train not in HARD_TRAIN_CHOICES:
-        raise ValueError(f"--hard-train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {args.hard_train!r}")
-
-
-def build_sparse_attention(cfg, sublayer: str, embed_dim: int, num_heads: int, **kwargs) -> SparseMultiheadAttention:
-    """The attention module of ``sublayer`` (encoder | decoder | cross) as configured in ``cfg``."""
-    sublayer_k = getattr(cfg, f"{sublayer}_attn_k", None)
-    return SparseMultiheadAttention(
-        embed_dim,
-        num_heads,
-        attn_fn=getattr(cfg, f"{sublayer}_attn_fn", DEFAULT_ATTN_FN),
-        attn_k=sublayer_k if sublayer_k is not None else getattr(cfg, "attn_k", DEFAULT_ATTN_K),
-        hard_train=getattr(cfg, "hard_train", "sample"),
-        pattern_seed=getattr(cfg, "attn_pattern_seed", DEFAULT_PATTERN_SEED),
-        dropout=cfg.attention_dropout,
-        **kwargs,
-    )
-
-
-class SparseTransformerEncoderLayer(TransformerEncoderLayerBase):
-    def build_self_attention(self, embed_dim, cfg):
-        return build_sparse_attention(
-            cfg, "encoder", embed_dim, cfg.encoder.attention_heads, self_attention=True,
-            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
-        )
-
-
-class SparseTransformerDecoderLayer(TransformerDecoderLayerBase):
-    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        if cfg.cross_self_attention:
-            raise ValueError("transformer_sparse does not support --cross-self-attention")
-        return build_sparse_attention(
-            cfg, "decoder", embed_dim, cfg.decoder.attention_heads, self_attention=True,
-            add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
-            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
-        )
-
-    def build_encoder_attention(self, embed_dim, cfg):
-        return build_sparse_attention(
-            cfg, "cross", embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim,
-            vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True,
-            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
-        )
-
-
-def wrap_layer(layer, cfg):
-    """Activation checkpointing and FSDP wrapping, as fairseq's own build_*_layer do."""
-    if cfg.checkpoint_activations:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
-    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
-
-
-class SparseTransformerEncoder(TransformerEncoderBase):
-    def build_encoder_layer(self, cfg):
-        return wrap_layer(SparseTransformerEncoderLayer(cfg, return_fc=self.return_fc), cfg)
-
-
-class SparseTransformerDecoder(TransformerDecoderBase):
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return wrap_layer(SparseTransformerDecoderLayer(cfg, no_encoder_attn), cfg)
-
 
 @register_model("transformer_sparse")
 class SparseTransformerModel(TransformerModel):
@@ -154,16 +44,12 @@ class SparseTransformerModel(TransformerModel):
 
     @classmethod
     def add_args(cls, parser):
-        from .l0drop import add_l0drop_args
-
         super().add_args(parser)
         add_sparse_attention_args(parser)
         add_l0drop_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
-        from .l0drop import l0drop_defaults, uses_gated_encoder
-
         sparse_attention_defaults(args)
         l0drop_defaults(args)
         validate_sparse_attention_args(args)
@@ -190,11 +76,15 @@ class SparseTransformerModel(TransformerModel):
         try:
             return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
         except RuntimeError as err:
-            missing = [k for k in self.state_dict() if k not in state_dict]
-            unexpected = [k for k in state_dict if k not in self.state_dict()]
+            missing = [k for k in own if k not in state_dict]
+            unexpected = [k for k in state_dict if k not in own]
+            # a model of other sizes has the same names: without shapes the message would say "0 missing, 0 unexpected"
+            reshaped = [f"{k} {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} here"
+                        for k, v in state_dict.items() if k in own and hasattr(v, "shape") and v.shape != own[k].shape]
             raise RuntimeError(
                 f"checkpoint parameters do not fit this transformer_sparse model ({self.attention_summary()}): "
-                f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
+                f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}), "
+                f"{len(reshaped)} of another shape (e.g. {reshaped[:2]}). "
                 "Was it trained with another --arch, other sizes, or attention functions that own parameters "
                 "(rela_*, relu_rmsnorm, entmax_alpha)? Such functions cannot be swapped in or out with "
                 "--model-overrides; functions without parameters (softmax, topk, hard, sparsemax, entmax15, relu) can."
@@ -202,16 +92,12 @@ class SparseTransformerModel(TransformerModel):
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        from .l0drop import L0DropTransformerEncoder, uses_gated_encoder
-
         cfg = TransformerConfig.from_namespace(args)
         encoder = L0DropTransformerEncoder if uses_gated_encoder(cfg) else SparseTransformerEncoder
         return encoder(cfg, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
-        from .l0drop import L0DropTransformerDecoder, uses_gated_encoder
-
         cfg = TransformerConfig.from_namespace(args)
         decoder = L0DropTransformerDecoder if uses_gated_encoder(cfg) else SparseTransformerDecoder
         return decoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
@@ -254,7 +140,7 @@ def _preset(name, base, doc, **attention):
 
     def architecture(args):
         for key, value in attention.items():
-            _set_default(args, key, value)
+            set_default(args, key, value)
         base(args)
 
     architecture.__doc__ = doc

@@ -11,7 +11,9 @@
   split words (BPEH) are kept, as in the paper.
 
 The gates reuse L0Drop's compressed decoder. Type tables are module buffers, so a
-checkpoint carries the pattern it was trained with.
+checkpoint carries the pattern it was trained with: a model built from a checkpoint
+(``fairseq-generate``, the hub, the analyses) takes the ``pos`` table from there and never
+reads ``--encoder-prune-pos-table``, whose file may be gone (``use_stored_table``).
 """
 
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Optional
 
 import torch
 from fairseq.data import Dictionary
+from omegaconf import OmegaConf, open_dict
 from torch import Tensor, nn
 
 from .l0drop import GateOutput
@@ -27,6 +30,7 @@ PATTERNS = ("group", "freq", "inv_freq", "pos")
 TOP_FREQUENT_TYPES = 100
 INV_FREQ_TOKEN_SHARE = 0.4
 BPE_JOINER = "@@"
+STORED_TABLE_OPTION = "encoder_prune_pos_table_stored"  # set on a checkpoint's model options when it is loaded
 
 
 def frequent_types(dictionary: Dictionary, top: int = TOP_FREQUENT_TYPES) -> Tensor:
@@ -62,6 +66,18 @@ def table_from_file(dictionary: Dictionary, path: str) -> Tensor:
     return table
 
 
+def use_stored_table(model_cfg) -> None:
+    """Mark the model options of a loaded checkpoint so that its model is built without reading the pos
+    table file: the table is a buffer of the checkpoint's state, which is loaded into the model next."""
+    if getattr(model_cfg, "encoder_prune_pattern", None) != "pos":
+        return
+    if OmegaConf.is_config(model_cfg):
+        with open_dict(model_cfg):
+            model_cfg[STORED_TABLE_OPTION] = True
+    else:
+        setattr(model_cfg, STORED_TABLE_OPTION, True)
+
+
 def joiner_types(dictionary: Dictionary) -> Tensor:
     """Bool (V,): subword pieces that continue into the next token (``xx@@``)."""
     return torch.tensor([symbol.endswith(BPE_JOINER) for symbol in dictionary.symbols], dtype=torch.bool)
@@ -70,7 +86,8 @@ def joiner_types(dictionary: Dictionary) -> Tensor:
 class RulePatternGate(nn.Module):
     """Fixed gates: 0 for the tokens a rule prunes, 1 otherwise (no penalty, nothing learned)."""
 
-    def __init__(self, pattern: str, dictionary: Dictionary, pos_table: Optional[str] = None):
+    def __init__(self, pattern: str, dictionary: Dictionary, pos_table: Optional[str] = None, table_stored: bool = False):
+        """``table_stored``: the model is built to load a checkpoint, whose state holds the pos table."""
         super().__init__()
         if pattern not in PATTERNS:
             raise ValueError(f"--encoder-prune-pattern must be one of {', '.join(PATTERNS)}, got {pattern!r}")
@@ -80,6 +97,8 @@ class RulePatternGate(nn.Module):
             prunable = frequent_types(dictionary)
         elif pattern == "inv_freq":
             prunable = rare_types(dictionary)
+        elif pattern == "pos" and table_stored:
+            pass  # a placeholder of the right size: loading the checkpoint's state fills it in
         elif pattern == "pos":
             if pos_table is None:
                 raise ValueError("--encoder-prune-pattern pos needs --encoder-prune-pos-table FILE")

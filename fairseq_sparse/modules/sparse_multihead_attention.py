@@ -31,6 +31,7 @@ from torch import Tensor
 
 from ..attention import AttentionContext, check_k, get_attention
 from ..attention.functions import visible_keys
+from ..attention.structured import DEFAULT_PATTERN_SEED
 from .selected_softmax import ChunkPlan, SelectedSoftmaxInChunks
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -57,7 +58,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         attn_fn: str = "softmax",
         attn_k: int = 8,
         hard_train: str = "sample",
-        pattern_seed: int = 0,
+        pattern_seed: int = DEFAULT_PATTERN_SEED,
         **kwargs,
     ):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):

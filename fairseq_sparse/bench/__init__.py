@@ -1,0 +1,4 @@
+"""Speed, memory and FLOPs benchmarks, each ``python -m fairseq_sparse.bench.NAME`` (scripts, not tests):
+``run`` (throughput vs stock fairseq and softmax), ``memory``, ``operations``, ``flops``, ``l0drop``,
+``profile_decode``, ``cuda_equality`` and ``gpu_report`` (all of them on a GPU, one report);
+``common`` holds their shared batches, models and interleaved timing."""

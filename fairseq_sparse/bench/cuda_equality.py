@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""CUDA vs CPU: do the same weights give the same outputs on both devices? Per attention function.
+
+For every registered attention function (placed where its paper puts it, as in
+``fairseq_sparse.bench.run``), both L0Drop variants and stock fairseq's Transformer (the ``fairseq``
+row, with the softmax row's weights), one model is built on the CPU, copied to
+``--device``, and both copies run the same teacher-forced batch in eval mode and float32
+(TF32 matmuls off). The table gives the max abs difference of the logits, the largest logit
+(for scale) and the fraction of positions whose argmax token agrees. The script exits 1 if
+any row's difference exceeds ``--tolerance``.
+
+    python -m fairseq_sparse.bench.cuda_equality                    # needs a CUDA device
+    python -m fairseq_sparse.bench.cuda_equality --device cpu       # CPU against CPU: a smoke test of the script
+
+Random tokens; a small model (transformer_sparse_mini by default).
+"""
+
+import argparse
+import copy
+import sys
+import warnings
+from typing import Dict, List
+
+import torch
+
+import fairseq_sparse  # noqa: F401
+from fairseq_sparse.attention import attention_names
+from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, build, build_row, build_stock_reference,
+                                         make_batch, random_sentences, row_sublayers, synthetic_dictionary)
+
+L0DROP_EVERY_LAYER = "l0drop_every_layer"
+warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask and attn_mask is deprecated")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--functions", nargs="+", default=None,
+                        help=f"rows (default: every registered function, {L0DROP}, {L0DROP_EVERY_LAYER} and {FAIRSEQ})")
+    parser.add_argument("--arch", default="transformer_sparse_mini", choices=sorted(STOCK_ARCHITECTURES))
+    parser.add_argument("--device", default="cuda", help="the device compared with the CPU (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--src-len", type=int, default=24, help="max length of the random sentences (min is half)")
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--sparsity", type=float, default=0.45, help="fraction of source encodings the L0Drop rows prune")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="largest max abs logit difference that passes")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    args = parser.parse_args(argv)
+    known = [FAIRSEQ, L0DROP, L0DROP_EVERY_LAYER] + attention_names()
+    args.functions = args.functions or attention_names() + [L0DROP, L0DROP_EVERY_LAYER, FAIRSEQ]
+    for name in args.functions:
+        if name not in known:
+            parser.error(f"unknown row {name!r}; valid choices: {', '.join(known)}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device")
+    return args
+
+
+def cpu_model(row: str, args, dictionary, batch):
+    """The row's model on the CPU (L0Drop gates set to prune ``--sparsity`` of the batch)."""
+    if row == FAIRSEQ:
+        softmax, _ = build_row("softmax", args.arch, dictionary, args.seed, "cpu", args.k, batch, args.sparsity)
+        return build_stock_reference(args.arch, softmax, dictionary, args.seed, "cpu")
+    if row == L0DROP_EVERY_LAYER:
+        from fairseq_sparse.bench.common import prune_fraction
+
+        model = build(args.arch, dictionary, args.seed, "cpu", l0drop=True, l0drop_every_layer=True)
+        prune_fraction(model, batch, args.sparsity, args.seed)
+        return model
+    return build_row(row, args.arch, dictionary, args.seed, "cpu", args.k, batch, args.sparsity)[0]
+
+
+def describe(row: str) -> str:
+    if row == FAIRSEQ:
+        return "stock fairseq, softmax's weights"
+    if row == L0DROP_EVERY_LAYER:
+        return "encoder+decoder+cross (softmax), L0Drop gates after every encoder layer"
+    if row == L0DROP:
+        return "encoder+decoder+cross (softmax), L0Drop gates"
+    return "+".join(row_sublayers(row))
+
+
+def compare(row: str, args, dictionary, batch) -> Dict[str, float]:
+    model = cpu_model(row, args, dictionary, batch).eval()
+    other = copy.deepcopy(model).to(args.device).eval()
+    moved = {k: v.to(args.device) for k, v in batch.items()}
+    with torch.no_grad():
+        logits = model(**batch)[0].float()
+        logits_other = other(**moved)[0].float().cpu()
+    real = batch["prev_output_tokens"].ne(dictionary.pad())
+    agree = (logits.argmax(-1) == logits_other.argmax(-1))[real].float().mean().item()
+    return {"diff": (logits - logits_other).abs().max().item(), "scale": logits.abs().max().item(), "agree": agree}
+
+
+def main(argv: List[str] = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dictionary = synthetic_dictionary(args.vocab)
+    sources = random_sentences(dictionary, args.batch_size, args.src_len, args.seed)
+    batch, _ = make_batch(sources, sources, dictionary, "cpu")
+    device_name = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else args.device
+    print(f"CPU vs {args.device} ({device_name}): {args.arch}, float32, eval mode, TF32 off, batch {args.batch_size} "
+          f"random sentences of {max(2, args.src_len // 2)}-{args.src_len} tokens, teacher forcing; "
+          f"pass: max |Δ logits| ≤ {args.tolerance:g}\n")
+    print("| row | sublayers | max abs Δ logits | max abs logit | argmax agreement | result |")
+    print("|---|---|---:|---:|---:|---|")
+    failed = []
+    for row in dict.fromkeys(args.functions):
+        try:
+            r = compare(row, args, dictionary, batch)
+        except Exception as err:  # one row's failure must not hide the others
+            failed.append(row)
+            print(f"| {row} | {describe(row)} | - | - | - | ERROR {type(err).__name__}: {str(err)[:200]} |", flush=True)
+            continue
+        ok = r["diff"] <= args.tolerance
+        if not ok:
+            failed.append(row)
+        print(f"| {row} | {describe(row)} | {r['diff']:.2e} | {r['scale']:.2f} | {r['agree']:.1%} | "
+              f"{'ok' if ok else 'DIFFERENT'} |", flush=True)
+    print(f"\n{len(failed)} of {len(args.functions)} rows differ or failed" + (f": {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

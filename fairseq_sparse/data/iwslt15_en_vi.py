@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""IWSLT15 English-Vietnamese (TED talks), word level, from Stanford's files.
+
+As in the Explicit Sparse Transformer and Top-k Selective Attention papers:
+
+* raw data: the preprocessed (already Moses-tokenised) files of the Stanford NMT
+  project, ``train.{en,vi}`` (133K pairs), ``tst2012.{en,vi}`` (valid),
+  ``tst2013.{en,vi}`` (test) and, optionally, ``vocab.{en,vi}``;
+* no further tokenisation and no subword segmentation (word level);
+* no length filter: only pairs with an empty side are dropped from train
+  (``--max-len``/``--ratio`` to add one);
+* dictionaries: Stanford's ``vocab.en`` (17,191 words) and ``vocab.vi`` (7,709)
+  when present, which is the vocabulary of about 17,200 / 7,800 the papers
+  report; otherwise every training word (``--no-stanford-vocab`` to force that);
+* ``{valid,test}.raw.{en,vi}``: the references detokenised with sacremoses.
+
+Examples::
+
+    python -m fairseq_sparse.data.iwslt15_en_vi --raw ~/data/iwslt15.en-vi --out data/iwslt15.en-vi
+    python -m fairseq_sparse.data.iwslt15_en_vi --download --out data/iwslt15.en-vi
+"""
+
+import sys
+
+from fairseq_sparse.data import common
+from fairseq_sparse.data.common import Job, Raw
+
+BASE = "https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/"
+URLS = [BASE + f"{name}.{lang}" for name in ("train", "tst2012", "tst2013", "vocab")
+        for lang in ("en", "vi")]
+
+
+def build_job(args) -> Job:
+    src, tgt = "en", "vi"
+
+    def pair(name):
+        return [(Raw(f"{name}.{src}", "plain"), Raw(f"{name}.{tgt}", "plain"))]
+
+    return Job(
+        name="iwslt15.en-vi", src=src, tgt=tgt,
+        corpora={"train": pair("train"), "valid": pair("tst2012"), "test": pair("tst2013")},
+        tokenize=False, subword="none", clean_on="tok",
+        max_len=args.max_len, ratio=args.ratio, joined_dictionary=False, detok_refs=True,
+        dict_files={} if args.no_stanford_vocab else
+        {src: Raw(f"vocab.{src}", "plain"), tgt: Raw(f"vocab.{tgt}", "plain")},
+    )
+
+
+def build_parser():
+    p = common.base_parser(__doc__, "data/iwslt15.en-vi")
+    p.add_argument("--no-stanford-vocab", action="store_true",
+                   help="build the dictionaries from the training words instead of vocab.*")
+    common.add_filter_args(p, 0, 0)
+    return p
+
+
+def main(argv=None) -> int:
+    return common.main_with(build_job, lambda a: URLS, build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

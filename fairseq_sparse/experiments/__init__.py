@@ -1,0 +1,3 @@
+"""Tables as configured experiments: ``schema`` (the YAML), ``measures`` (what a column measures),
+``plan`` (the commands), ``runner`` (running them), ``report`` (Markdown, CSV, plot), ``cli``.
+``python -m fairseq_sparse.tables NAME`` is the entry point."""

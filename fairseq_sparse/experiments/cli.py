@@ -1,0 +1,83 @@
+"""Regenerate a paper's table: prepare data, train, average checkpoints, decode, score.
+
+    python -m fairseq_sparse.tables NAME --profile smoke|paper [--dry-run | --report-only]
+
+NAME is a table shipped with the package (``configs/tables/NAME.yaml``; ``--help`` lists them) or
+the path of a YAML file. The table names datasets, rows (models) and columns (measures). Every step
+is an ordinary command (a ``fairseq_sparse.data`` module, ``fairseq-train``,
+``python -m fairseq_sparse.average_checkpoints``, ``fairseq-generate``, ...), run as a subprocess
+and written to ``OUT/commands.sh`` so a run can be read and repeated by hand. Finished steps are
+skipped when the table is run again. The result is ``OUT/NAME.md`` and ``OUT/NAME.csv`` with our
+numbers beside the paper's (and ``OUT/NAME.png`` if the table has a plot). Outputs go under
+``runs/`` in the current directory unless ``--out``/``--data-root``/``--models-root`` say otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from fairseq_sparse.experiments.errors import ConfigError, StepError
+from fairseq_sparse.experiments.plan import Plan
+from fairseq_sparse.experiments.report import collect, write_report
+from fairseq_sparse.experiments.runner import dry_run, execute
+from fairseq_sparse.experiments.schema import PROFILES, load_table, resolve_config, table_names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fairseq_sparse.tables", description=__doc__.split("\n\n")[0])
+    p.add_argument("config", help="a table's name (one of: " + ", ".join(table_names()) + ") or a YAML file")
+    p.add_argument("--profile", choices=PROFILES, default="smoke")
+    p.add_argument("--out", help="output directory (default runs/tables/NAME/PROFILE)")
+    p.add_argument("--data-root", default="runs/data", help="prepared datasets (default: %(default)s)")
+    p.add_argument("--raw-data", help="directory with one subdirectory of already-downloaded raw files per dataset id "
+                                      "(default: $RAW_DATA; without either, data-prep scripts download)")
+    p.add_argument("--models-root", default="runs/models",
+                   help="trained models, keyed by their training command so tables share them (default: %(default)s)")
+    p.add_argument("--seeds", type=int, nargs="+", help="override the setting's seeds")
+    p.add_argument("--dry-run", action="store_true", help="build and parse every command, run nothing")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing; write the report from the commands that have finished (cells count the seeds that did)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    raw = args.raw_data or os.environ.get("RAW_DATA")
+    try:
+        table = load_table(resolve_config(args.config), args.profile)
+        out = Path(args.out) if args.out else Path("runs") / "tables" / table.name / args.profile
+        # absolute paths: the commands (and the model directories keyed by them) do not depend on where they run
+        plan = Plan(table, out.resolve(), Path(args.data_root).resolve(), Path(raw).expanduser().resolve() if raw else None,
+                    args.seeds, Path(args.models_root).resolve())
+        steps = plan.steps()
+        if args.dry_run:
+            dry_run(plan, steps)
+            return 0
+        if args.report_only:
+            plan.out.mkdir(parents=True, exist_ok=True)
+            results = collect(plan, finished_only=True)
+        else:
+            results = collect(plan, execute(plan, steps))
+        md = write_report(plan, results)
+    except (ConfigError, StepError) as e:
+        print(f"tables: error: {e}", file=sys.stderr)
+        return 1
+    print()
+    print(md.read_text(encoding="utf-8"))
+    print(f"written: {md}, {md.with_suffix('.csv')}" + (f", {md.with_suffix('.png')}" if table.plot else ""))
+    failed_cells = {row for (row, _), value in results.items() if value != value}
+    unexpected = sorted(failed_cells - {r.id for r in table.rows if r.may_fail})
+    if unexpected:
+        print(f"tables: error: these rows failed: {', '.join(unexpected)} (logs above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

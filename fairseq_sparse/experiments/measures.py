@@ -1,0 +1,262 @@
+"""What a table's column measures: a registry of measures, each one object.
+
+A measure names the command output it reads (``source``: a decode, the attention analysis, the
+L0Drop sparsity count, or the training log; the plan runs those commands) and a function giving
+one seed's value. A new measure is one function and one ``register`` line; ``configs/README.md``
+lists them for table authors.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+
+from fairseq_sparse.experiments.errors import StepError
+
+if TYPE_CHECKING:  # only for annotations: the plan imports this registry
+    from fairseq_sparse.experiments.plan import Plan
+    from fairseq_sparse.experiments.schema import Column, Dataset, Row
+
+SOURCES = ("decode", "attention", "l0drop", "train_log")
+Value = Callable[["Plan", "Dataset", "Row", "Column", int, Dict[str, str]], Optional[float]]
+
+
+@dataclass(frozen=True)
+class Measure:
+    name: str
+    source: str  # the command output it reads: one of SOURCES
+    value: Value  # one seed's value (None: does not apply to this row); may record a BLEU signature per column
+    relative: bool = False  # against the column's ``baseline`` row
+    digits: int = 2
+    signed: bool = False  # printed with its sign (a difference)
+
+
+MEASURES: Dict[str, Measure] = {}
+
+
+def register(name: str, source: str, relative: bool = False, digits: int = 2, signed: bool = False):
+    """Decorator: register ``fn`` as the measure ``name``."""
+    if source not in SOURCES:
+        raise ValueError(f"measure {name}: source must be one of {SOURCES}, got {source!r}")
+
+    def add(fn: Value) -> Value:
+        MEASURES[name] = Measure(name, source, fn, relative, digits, signed)
+        return fn
+
+    return add
+
+
+# ----------------------------------------------------------------------------- reading outputs
+
+
+def compound_split(line: str) -> str:
+    """Vaswani et al.'s compound splitting for WMT14 En-De (tensor2tensor's get_ende_bleu.sh)."""
+    return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line)
+
+
+def bleu(plan: "Plan", ds: "Dataset", col: "Column", generated: Path) -> Tuple[float, str]:
+    """BLEU of one decode by the column's metric, with sacreBLEU's signature."""
+    from fairseq_sparse import evaluate
+
+    data = plan.data_dir(ds)
+    if col.metric == "tokenized":
+        hyps = evaluate.read_hypotheses(str(generated), ds.tgt, detok="none")
+        tok = data / f"{col.split}.tok.{ds.tgt}"
+        if tok.is_file():
+            refs = tok.read_text(encoding="utf-8").splitlines()
+        elif ds.post_process in ("subword_nmt", "none"):  # the model's own text is Moses-tokenised (+ BPE)
+            refs = [evaluate.undo_subwords(line) for line in (data / f"{col.split}.{ds.tgt}").read_text(encoding="utf-8").splitlines()]
+        else:  # characters / sentencepiece: the text is untokenised, so Moses-tokenise both sides
+            from sacremoses import MosesTokenizer
+
+            moses = MosesTokenizer(lang=ds.tgt)
+            refs = (data / f"{col.split}.raw.{ds.tgt}").read_text(encoding="utf-8").splitlines()
+            hyps, refs = ([moses.tokenize(s, return_str=True, escape=False) for s in side] for side in (hyps, refs))
+        if col.compound_split:
+            hyps, refs = [compound_split(h) for h in hyps], [compound_split(r) for r in refs]
+        score, signature = evaluate.corpus_bleu(hyps, refs, tokenize="none", lowercase=col.lowercase)
+        return score.score, f"{signature} (Moses-tokenised{', compound-split' if col.compound_split else ''})"
+    refs = (data / f"{col.split}.raw.{ds.tgt}").read_text(encoding="utf-8").splitlines()
+    if col.metric == "d_bleu":
+        blocks = evaluate.read_hypotheses(str(generated), ds.tgt, detok="none")
+        documents = evaluate.documents_from_blocks(blocks, evaluate.read_block_documents(str(data / f"{col.split}.blocks.tsv")),
+                                                   evaluate.detokenizer(ds.tgt, ds.detok))
+        score, signature = evaluate.corpus_bleu(documents, refs, col.sacrebleu_tokenize, col.lowercase)
+        return score.score, f"{signature} (d-BLEU over {len(documents)} documents)"
+    hyps = evaluate.read_hypotheses(str(generated), ds.tgt, detok=ds.detok)
+    score, signature = evaluate.corpus_bleu(hyps, refs, col.sacrebleu_tokenize, col.lowercase)
+    return score.score, str(signature)
+
+
+def decode_seconds(generated: Path) -> float:
+    match = re.search(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in ([\d.]+)s", generated.read_text(encoding="utf-8"))
+    if not match:
+        raise StepError(f"{generated}: no 'Translated ... in Ns' line; was decoding cut short?")
+    return float(match.group(1))
+
+
+def decode_tokens_per_second(generated: Path) -> float:
+    match = re.search(r"Translated [\d,]+ sentences .*?, ([\d.]+) tokens/s\)", generated.read_text(encoding="utf-8"))
+    if not match:
+        raise StepError(f"{generated}: no 'Translated ... tokens/s' line; was decoding cut short?")
+    return float(match.group(1))
+
+
+def train_words_per_second(log: Path) -> float:
+    """Median words/s of the logged training intervals (the first one, warm-up, left out when there are more)."""
+    rates = [float(m.group(1)) for line in log.read_text(encoding="utf-8").splitlines()
+             if "train_inner" in line or "| train |" in line for m in [re.search(r"\bwps (\d+(?:\.\d+)?)", line)] if m]
+    if not rates:
+        raise StepError(f"{log}: no 'wps' in the training log; lower --log-interval")
+    return statistics.median(rates[1:] if len(rates) > 2 else rates)
+
+
+def trained_params(log: Path) -> int:
+    match = re.search(r"num\. (?:shared )?model params: [\d,]+ \(num\. trained: ([\d,]+)\)", log.read_text(encoding="utf-8"))
+    if not match:
+        raise StepError(f"{log}: no parameter count in the training log")
+    return int(match.group(1).replace(",", ""))
+
+
+VALID_LOSS = re.compile(r"\| valid on 'valid' subset \| loss ([\d.]+)")
+EPOCH_DONE = re.compile(r"end of epoch (\d+)")
+WALL = re.compile(r"\bwall[= ](\d+(?:\.\d+)?)")  # not train_wall
+
+
+def logged_values(log: Path, pattern: re.Pattern, missing: str) -> List[float]:
+    """Every value ``pattern`` captures in a training log, in order; StepError naming ``missing`` if none."""
+    values = [float(m.group(1)) for m in pattern.finditer(log.read_text(encoding="utf-8"))]
+    if not values:
+        raise StepError(f"{log}: {missing} in the training log")
+    return values
+
+
+def trained_epochs(log: Path) -> int:
+    """The number of epochs training ran (early stopping by --patience ends it before --max-epoch)."""
+    return int(max(logged_values(log, EPOCH_DONE, "no 'end of epoch' line")))
+
+
+def training_seconds(log: Path) -> float:
+    """fairseq's wall-clock time of a training run (its last ``wall`` value, validation included)."""
+    return logged_values(log, WALL, "no 'wall' time")[-1]
+
+
+def best_valid_loss(log: Path) -> float:
+    """The lowest validation loss (base 2, fairseq's) of a training run."""
+    return min(logged_values(log, VALID_LOSS, "no validation line (training ran with --disable-validation?)"))
+
+
+def l0drop_sparsity(output: Path) -> float:
+    match = re.search(r"(\d+) of (\d+) source encodings pruned", output.read_text(encoding="utf-8"))
+    if not match:
+        raise StepError(f"{output}: no sparsity line")
+    return 100.0 * int(match.group(1)) / max(int(match.group(2)), 1)
+
+
+def attention_sparsity(csv_path: Path) -> float:
+    """% of attention weights exactly 0, over every sublayer, layer and head."""
+    with open(csv_path, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    weights = sum(int(r["weights"]) for r in rows)
+    return 100.0 * sum(float(r["sparsity"]) * int(r["weights"]) for r in rows) / max(weights, 1)
+
+
+def null_rate(csv_path: Path) -> float:
+    """% of queries whose attention weights are all 0 (ReLA's null attention), over every sublayer, layer and head."""
+    with open(csv_path, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    queries = sum(int(r["queries"]) for r in rows)
+    return 100.0 * sum(float(r["null_rate"]) * int(r["queries"]) for r in rows) / max(queries, 1)
+
+
+# ----------------------------------------------------------------------------- the measures
+
+
+def _generated(plan: "Plan", ds, row, col, seed: int) -> Path:
+    return plan.generate_step(ds, row, col, seed).output
+
+
+def _baseline_generated(plan: "Plan", ds, col, seed: int) -> Path:
+    return plan.generate_step(ds, plan.table.row(col.baseline), col, seed).output
+
+
+def _train_log(plan: "Plan", ds, row, seed: int) -> Path:
+    return plan.run_dir(ds, row, seed) / "train.log"
+
+
+@register("bleu", "decode")
+def bleu_score(plan, ds, row, col, seed, signatures):
+    value, signatures[col.id] = bleu(plan, ds, col, _generated(plan, ds, row, col, seed))
+    return value
+
+
+@register("bleu_delta", "decode", relative=True, signed=True)
+def bleu_delta(plan, ds, row, col, seed, signatures):
+    """BLEU minus the baseline row's BLEU for the same seed."""
+    ours, signatures[col.id] = bleu(plan, ds, col, _generated(plan, ds, row, col, seed))
+    return ours - bleu(plan, ds, col, _baseline_generated(plan, ds, col, seed))[0]
+
+
+@register("decode_time", "decode", digits=1)
+def decode_time(plan, ds, row, col, seed, signatures):
+    return decode_seconds(_generated(plan, ds, row, col, seed))
+
+
+@register("decode_speedup", "decode", relative=True)
+def decode_speedup(plan, ds, row, col, seed, signatures):
+    return decode_seconds(_baseline_generated(plan, ds, col, seed)) / max(decode_seconds(_generated(plan, ds, row, col, seed)), 1e-9)
+
+
+@register("decode_token_speedup", "decode", relative=True)
+def decode_token_speedup(plan, ds, row, col, seed, signatures):
+    """Per generated token: fair when the models' outputs differ in length."""
+    return decode_tokens_per_second(_generated(plan, ds, row, col, seed)) / decode_tokens_per_second(_baseline_generated(plan, ds, col, seed))
+
+
+@register("train_speedup", "train_log", relative=True)
+def train_speedup(plan, ds, row, col, seed, signatures):
+    baseline = train_words_per_second(_train_log(plan, ds, plan.table.row(col.baseline), seed))
+    return train_words_per_second(_train_log(plan, ds, row, seed)) / baseline
+
+
+@register("params_m", "train_log", digits=1)
+def params_m(plan, ds, row, col, seed, signatures):
+    return trained_params(_train_log(plan, ds, row, seed)) / 1e6
+
+
+@register("epochs", "train_log", digits=1)
+def epochs(plan, ds, row, col, seed, signatures):
+    return trained_epochs(_train_log(plan, ds, row, seed))
+
+
+@register("train_minutes", "train_log", digits=0)
+def train_minutes(plan, ds, row, col, seed, signatures):
+    return training_seconds(_train_log(plan, ds, row, seed)) / 60
+
+
+@register("best_valid_loss", "train_log", digits=3)
+def valid_loss(plan, ds, row, col, seed, signatures):
+    if "--disable-validation" in plan.train_argv(ds, row, seed):
+        return None  # not measured: the row trains without validation (a fixed fine-tuning budget)
+    return best_valid_loss(_train_log(plan, ds, row, seed))
+
+
+@register("sparsity", "l0drop")
+def encoder_outputs_pruned(plan, ds, row, col, seed, signatures):
+    if not plan.prunes(ds, row):
+        return 0.0  # nothing can be pruned: the paper's 0.00% of the baseline
+    return l0drop_sparsity(plan.l0drop_sparsity_step(ds, row, col, seed).output)
+
+
+@register("attn_sparsity", "attention")
+def attention_weights_zero(plan, ds, row, col, seed, signatures):
+    return attention_sparsity(plan.attention_step(ds, row, col, seed).output)
+
+
+@register("null_rate", "attention")
+def null_queries(plan, ds, row, col, seed, signatures):
+    return null_rate(plan.attention_step(ds, row, col, seed).output)

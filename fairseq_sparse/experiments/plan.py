@@ -1,0 +1,247 @@
+"""Every command of a table, in order, with where its output goes (nothing is run here)."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from fairseq_sparse.experiments.arguments import merge_args
+from fairseq_sparse.experiments.errors import ConfigError
+from fairseq_sparse.experiments.measures import MEASURES
+from fairseq_sparse.experiments.schema import Column, Dataset, Row, Table
+
+BIN = Path(sys.executable).parent
+USER_DIR = str(Path(__file__).resolve().parent.parent)  # the installed package: fairseq-train --user-dir
+FINETUNE_RESETS = ["--reset-optimizer", "--reset-dataloader", "--reset-meters", "--reset-lr-scheduler"]
+
+
+@dataclass
+class Step:
+    """One command; ``output`` is what proves it already ran."""
+
+    kind: str  # prep | train | average | generate | sparsity | attn_sparsity
+    argv: List[str]
+    output: Path
+    log: Path
+    label: str
+    model: Optional[Tuple[str, str, int]] = None  # (dataset, row, seed) this step trains
+    needs: Tuple[Tuple[str, str, int], ...] = ()  # models whose checkpoints it reads
+
+
+def tool(name: str) -> List[str]:
+    """argv prefix of a pipeline tool: a module of this package, a fairseq console script, or a script path."""
+    if name.endswith(".py"):  # a script of the user's (a path)
+        return [sys.executable, name]
+    if name.startswith("fairseq_sparse."):
+        return [sys.executable, "-m", name]
+    if name.startswith("fairseq-"):
+        return [str(BIN / name)]
+    raise ConfigError(f"unknown tool {name!r} in a prep command (expected a fairseq_sparse. module, "
+                      "a fairseq- command or a .py script)")
+
+
+class Plan:
+    """Every command of a table, in order, with where its output goes."""
+
+    def __init__(self, table: Table, out: Path, data_root: Path, raw_data: Optional[Path], seeds: Optional[List[int]] = None,
+                 models_root: Optional[Path] = None):
+        self.table, self.out, self.data_root, self.raw_data = table, out, data_root, raw_data
+        # models are keyed by their full training command, so tables that train the same model share it
+        self.models_root = (models_root or out / "models") / table.profile
+        self.smoke = table.profile == "smoke"
+        self.seeds_override = seeds
+
+    # -- per dataset
+    def data_dir(self, ds: Dataset) -> Path:
+        if self.smoke:  # smoke recipes are shared between datasets and tables: key by the commands
+            digest = hashlib.sha1("\n".join(ds.prep).encode()).hexdigest()[:10]
+            return self.data_root / "smoke" / digest
+        return self.data_root / self.table.profile / ds.id
+
+    def prep_steps(self, ds: Dataset) -> List[Step]:
+        out = self.data_dir(ds)
+        source = f"--raw {shlex.quote(str(self.raw_data / ds.id))}" if self.raw_data else "--download"
+        steps = []
+        for i, template in enumerate(ds.prep):
+            words = shlex.split(template.replace("{source}", source).replace("{out}", str(out)))
+            last = i == len(ds.prep) - 1
+            steps.append(Step("prep", tool(words[0]) + words[1:], out / "bin" / f"dict.{ds.tgt}.txt" if last else out / f".prep{i}.done",
+                              out / f"prep{i}.log", f"prepare {ds.id} ({i + 1}/{len(ds.prep)})"))
+        return steps
+
+    def seeds(self, ds: Dataset) -> List[int]:
+        if self.seeds_override:
+            return self.seeds_override
+        return list((self.table.smoke if self.smoke else ds.setting).get("seeds", ds.setting.get("seeds", [1])))
+
+    def setting(self, ds: Dataset, row: Row) -> dict:
+        row = self.trained_row(row)
+        return self.table.settings[row.setting] if row.setting else ds.setting
+
+    def averaging(self, ds: Dataset, row: Row) -> dict:
+        return dict(self.table.smoke.get("average") if self.smoke else self.setting(ds, row).get("average") or {"last": 1})
+
+    # -- per row
+    def trained_row(self, row: Row) -> Row:
+        return self.table.row(row.reuse) if row.reuse else row
+
+    def model_key(self, ds: Dataset, row: Row, seed: int) -> Tuple[str, str, int]:
+        return ds.id, self.trained_row(row).id, seed
+
+    def train_argv(self, ds: Dataset, row: Row, seed: int) -> List[str]:
+        row = self.trained_row(row)
+        extra = []
+        if row.finetune_from:
+            extra = ["--restore-file", str(self.checkpoint(ds, self.table.row(row.finetune_from), seed)), *FINETUNE_RESETS]
+        argv = merge_args(self.setting(ds, row)["train"], ds.train_args, row.args, (row.args_by_dataset or {}).get(ds.id),
+                          self.table.smoke.get("train") if self.smoke else None,
+                          drop=self.table.smoke.get("drop", []) if self.smoke else [])
+        return [*tool("fairseq-train"), str(self.data_dir(ds) / "bin"), "--user-dir", USER_DIR,
+                *argv, *extra, "--seed", str(seed)]
+
+    def run_dir(self, ds: Dataset, row: Row, seed: int) -> Path:
+        # keyed by what defines the model: the data and the arguments, not where fairseq and the plugin are installed
+        argv = self.train_argv(ds, row, seed)[1:]
+        at = argv.index("--user-dir")
+        digest = hashlib.sha1(" ".join(argv[:at] + argv[at + 2:]).encode()).hexdigest()[:12]
+        return self.models_root / ds.id / f"{self.trained_row(row).id}-{digest}"
+
+    def checkpoint(self, ds: Dataset, row: Row, seed: int) -> Path:
+        run = self.run_dir(ds, row, seed)
+        return run / ("checkpoint_avg.pt" if self.averaging(ds, row).get("last", 1) > 1 else "checkpoints/checkpoint_last.pt")
+
+    def train_steps(self, ds: Dataset, row: Row, seed: int) -> List[Step]:
+        if row.reuse:
+            return []
+        run = self.run_dir(ds, row, seed)
+        key = self.model_key(ds, row, seed)
+        needs = (self.model_key(ds, self.table.row(row.finetune_from), seed),) if row.finetune_from else ()
+        argv = [*self.train_argv(ds, row, seed), "--save-dir", str(run / "checkpoints")]
+        steps = [Step("train", argv, run / "train.done", run / "train.log", f"train {row.id} on {ds.id} (seed {seed})",
+                      model=key, needs=needs)]
+        avg = self.averaging(ds, row)
+        if avg.get("last", 1) > 1:
+            steps.append(Step("average", [sys.executable, "-m", "fairseq_sparse.average_checkpoints", str(run / "checkpoints"),
+                                          "--last", str(avg["last"]), "--by", avg.get("by", "epoch"),
+                                          "--output", str(run / "checkpoint_avg.pt")],
+                              run / "checkpoint_avg.pt", run / "average.log", f"average {row.id} on {ds.id} (seed {seed})",
+                              model=key, needs=(key,)))
+        return steps
+
+    def applies(self, ds: Dataset, row: Row) -> bool:
+        return row.datasets is None or ds.id in row.datasets
+
+    def prunes(self, ds: Dataset, row: Row) -> bool:
+        """Whether the row's model removes encoder outputs (L0Drop gates or a rule-based pattern)."""
+        argv = self.train_argv(ds, row, 1)
+        return "--l0drop" in argv or "--encoder-prune-pattern" in argv
+
+    def generate_args(self, ds: Dataset, row: Row, col: Column) -> List[str]:
+        # smoke replaces the paper's decoding defaults, not what a table asks of one row or column (e.g. batch 1)
+        return merge_args(self.setting(ds, row).get("generate", ""), self.table.smoke.get("generate") if self.smoke else None,
+                          ds.generate_args, row.generate_args, col.generate_args,
+                          drop=self.table.smoke.get("drop", []) if self.smoke else [])
+
+    def generate_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
+        args = self.generate_args(ds, row, col)
+        key = hashlib.sha1(" ".join([col.split, *args]).encode()).hexdigest()[:8]
+        out = self.out / "decode" / ds.id / row.id / f"seed{seed}" / f"{col.split}.{key}.txt"
+        argv = [*tool("fairseq-generate"), str(self.data_dir(ds) / "bin"), "--user-dir", USER_DIR,
+                "--path", str(self.checkpoint(ds, row, seed)), "--gen-subset", col.split, *args,
+                "--post-process", ds.post_process]
+        return Step("generate", argv, out, out, f"decode {row.id} on {ds.id} {col.split} (seed {seed})",
+                    needs=(self.model_key(ds, row, seed),))
+
+    def l0drop_sparsity_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
+        """The share of encoder outputs the row's gates or pattern prune on the column's split."""
+        out = self.out / "analysis" / ds.id / row.id / f"seed{seed}" / f"l0drop-sparsity.{col.split}.txt"
+        argv = [sys.executable, "-m", "fairseq_sparse.l0drop_sparsity", str(self.data_dir(ds) / "bin"),
+                "--path", str(self.checkpoint(ds, row, seed)), "--split", col.split, *(["--cpu"] if self.smoke else [])]
+        return Step("sparsity", argv, out, out, f"L0Drop sparsity of {row.id} on {ds.id} (seed {seed})",
+                    needs=(self.model_key(ds, row, seed),))
+
+    def attention_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
+        """Attention statistics (zero weights, null queries) of the row's model, decoded as the row decodes."""
+        base = self.out / "analysis" / ds.id / row.id / f"seed{seed}"
+        overrides = self.model_overrides(ds, row)
+        tag = "" if overrides == "{}" else "." + hashlib.sha1(overrides.encode()).hexdigest()[:8]
+        out = base / f"attention-{col.split}{tag}"
+        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "sparsity", str(self.data_dir(ds) / "bin"),
+                "--path", str(self.checkpoint(ds, row, seed)), "--split", col.split, "--out", str(out),
+                "--model-overrides", overrides, *(["--cpu"] if self.smoke else [])]
+        return Step("attn_sparsity", argv, out / "sparsity.csv", base / f"attention-{col.split}{tag}.log",
+                    f"attention sparsity of {row.id} on {ds.id} (seed {seed})", needs=(self.model_key(ds, row, seed),))
+
+    def model_overrides(self, ds: Dataset, row: Row) -> str:
+        """The row's fairseq-generate --model-overrides (a reused model decoded otherwise), or "{}"."""
+        args = merge_args(ds.generate_args, row.generate_args)
+        return args[args.index("--model-overrides") + 1] if "--model-overrides" in args[:-1] else "{}"
+
+    def measure_steps(self, ds: Dataset, row: Row, col: Column, seed: int) -> List[Step]:
+        """The commands whose output the column reads (none for numbers from the training log)."""
+        source = MEASURES[col.measure].source
+        if source == "l0drop":  # a model without gates or a pattern prunes nothing: no command
+            return [self.l0drop_sparsity_step(ds, row, col, seed)] if self.prunes(ds, row) else []
+        if source == "attention":
+            return [self.attention_step(ds, row, col, seed)]
+        if source == "decode":
+            rows = [row] + ([self.table.row(col.baseline)] if MEASURES[col.measure].relative else [])
+            return [self.generate_step(ds, r, col, seed) for r in rows]
+        return []
+
+    def steps(self) -> List[Step]:
+        """All commands in order, each once (a decode shared by two columns runs once)."""
+        steps: List[Step] = []
+        seen = set()
+
+        def add(step: Step):
+            if step.output not in seen:
+                seen.add(step.output)
+                steps.append(step)
+
+        used = [ds for ds in self.table.datasets.values() if any(c.dataset == ds.id for c in self.table.columns)]
+        for ds in used:
+            for step in self.prep_steps(ds):
+                add(step)
+        for ds in used:
+            columns = [c for c in self.table.columns if c.dataset == ds.id]
+            rows = [r for r in self.table.rows if self.applies(ds, r)]
+            for seed in self.seeds(ds):
+                # each row's measurements as soon as the models they read are trained: a long run
+                # (the CPU study) has numbers to report while later rows still train
+                trained, waiting = set(), []
+                for row in rows:
+                    for step in self.train_steps(ds, row, seed):
+                        add(step)
+                    trained.add(self.model_key(ds, row, seed))
+                    waiting += [step for col in columns for step in self.measure_steps(ds, row, col, seed)]
+                    for step in [s for s in waiting if set(s.needs) <= trained]:
+                        add(step)
+                    waiting = [s for s in waiting if not set(s.needs) <= trained]
+                for step in waiting:
+                    add(step)
+        if self.table.heatmap:
+            add(self.heatmap_step())
+        return steps
+
+    def heatmap_step(self) -> Step:
+        """Attention of chosen sentences, the given rows' models side by side (first seed)."""
+        spec = self.table.heatmap
+        ds = self.table.datasets[spec["dataset"]]
+        rows = [self.table.row(r) for r in spec["rows"]]
+        seed = self.seeds(ds)[0]
+        out = self.out / "heatmap"
+        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "heatmap", str(self.data_dir(ds) / "bin"),
+                "--path", *[str(self.checkpoint(ds, r, seed)) for r in rows], "--labels", *[r.label for r in rows],
+                "--split", spec.get("split", "test"), "--sentences", *[str(s) for s in spec.get("sentences", [0])],
+                "--sublayer", spec.get("sublayer", "cross"), "--layer", str(spec.get("layer", 0)),
+                "--head", str(spec.get("head", "mean")), "--out", str(out),
+                "--model-overrides", *[self.model_overrides(ds, r) for r in rows]] + (["--cpu"] if self.smoke else [])
+        return Step("heatmap", argv, out / "heatmap.md", self.out / "heatmap.log", "attention heatmaps",
+                    needs=tuple(self.model_key(ds, r, seed) for r in rows))
+
+

@@ -1,0 +1,183 @@
+"""The table: every cell measured and averaged over seeds, written as Markdown, CSV and a plot."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from fairseq_sparse.experiments.errors import StepError
+from fairseq_sparse.experiments.measures import MEASURES
+from fairseq_sparse.experiments.plan import Plan, Step
+from fairseq_sparse.experiments.runner import done
+from fairseq_sparse.experiments.schema import Column, Dataset, Row
+
+logger = logging.getLogger("fairseq_sparse.experiments")
+
+
+def fmt(value: Optional[float], col: Column, spread: Optional[Tuple[float, int]] = None) -> str:
+    """A cell: the mean over seeds, "± std" when more than one seed finished."""
+    if value is None:
+        return "—"
+    if value != value:
+        return "failed"
+    digits, signed = MEASURES[col.measure].digits, MEASURES[col.measure].signed
+    text = f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    if spread and spread[1] > 1:
+        text += f" ± {spread[0]:.{digits}f}"
+    return text
+
+
+FAILED = float("nan")  # a cell whose model failed to train or decode
+
+
+@dataclass
+class Results:
+    """Per (row id, column id): the mean over seeds, (std, number of seeds), and the signatures per column."""
+
+    means: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    spreads: Dict[Tuple[str, str], Tuple[float, int]] = field(default_factory=dict)
+    signatures: Dict[str, str] = field(default_factory=dict)
+    seeds_done: Dict[str, List[int]] = field(default_factory=dict)  # per row: seeds with every cell measured
+
+    def get(self, key: Tuple[str, str]) -> Optional[float]:
+        return self.means.get(key)
+
+    def items(self):
+        return self.means.items()
+
+
+def cell_steps(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int) -> List[Step]:
+    """The commands one cell of one seed needs: its models' training and its measurement."""
+    rows = [row] + ([plan.table.row(col.baseline)] if col.baseline else [])
+    steps = [step for r in rows for step in plan.train_steps(ds, plan.trained_row(r), seed)]
+    return steps + plan.measure_steps(ds, row, col, seed)
+
+
+def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False) -> Results:
+    """Measure every cell, averaged over seeds. ``finished_only``: seeds whose commands have not all
+    run yet are left out of a cell (a study completed over several sittings); otherwise they count as failed."""
+    results = Results()
+    for row in plan.table.rows:
+        complete: Optional[set] = None
+        for col in plan.table.columns:
+            ds = plan.table.datasets[col.dataset]
+            if not plan.applies(ds, row):
+                continue
+            values, seeds = [], []
+            for seed in plan.seeds(ds):
+                models = {plan.model_key(ds, row, seed)}
+                if col.baseline:
+                    models.add(plan.model_key(ds, plan.table.row(col.baseline), seed))
+                if finished_only and not all(done(s) for s in cell_steps(plan, ds, row, col, seed)):
+                    continue
+                seeds.append(seed)
+                try:
+                    value = FAILED if models & failed else MEASURES[col.measure].value(plan, ds, row, col, seed, results.signatures)
+                except (StepError, OSError, ValueError) as e:  # its decode or analysis failed (reported when it ran)
+                    logger.warning("%s / %s: %s", row.id, col.id, e)
+                    value = FAILED
+                if value is not None:
+                    values.append(value)
+            complete = set(seeds) if complete is None else complete & set(seeds)
+            if values:
+                results.means[row.id, col.id] = statistics.mean(values)
+                results.spreads[row.id, col.id] = (statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
+        results.seeds_done[row.id] = sorted(complete or ())
+    return results
+
+
+def write_report(plan: Plan, results: Results) -> Path:
+    table = plan.table
+    header = ["model"]
+    for col in table.columns:
+        header += [col.label, f"{col.label} (paper)"]
+    lines = [f"# {table.title}", "",
+             f"Profile `{table.profile}`; source: {table.source}; configuration `{table.path}`; "
+             f"commands: `{plan.out / 'commands.sh'}`.", "",
+             "| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    records = []
+    for row in table.rows:
+        cells = [row.label]
+        for col in table.columns:
+            ours, theirs = results.get((row.id, col.id)), (row.paper or {}).get(col.id)
+            spread = results.spreads.get((row.id, col.id))
+            cells += [fmt(ours, col, spread), fmt(theirs, col)]
+            records.append({"row": row.id, "model": row.label, "column": col.id, "label": col.label, "dataset": col.dataset,
+                            "measure": col.measure, "split": col.split,
+                            "ours": "" if ours is None else ("failed" if ours != ours else f"{ours:.4f}"),
+                            "std": "" if spread is None or spread[1] < 2 else f"{spread[0]:.4f}",
+                            "seeds": "" if spread is None else spread[1],
+                            "paper": "" if theirs is None else theirs, "profile": table.profile})
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    planned = {ds.id: plan.seeds(ds) for ds in table.datasets.values()}
+    seeds = sorted({s for ss in planned.values() for s in ss})
+    if len(seeds) > 1 or any(results.seeds_done.get(r.id) != seeds for r in table.rows):
+        lines.append(f"Cells are the mean ± standard deviation over the seeds that finished (planned: {seeds}); "
+                     "seeds finished per row: " + "; ".join(
+                         f"{r.id} {','.join(map(str, results.seeds_done.get(r.id) or [])) or 'none'}" for r in table.rows) + ".")
+        lines.append("")
+    if results.signatures:
+        lines.append("BLEU signatures:")
+        lines += [f"- {next(c.label for c in table.columns if c.id == cid)}: `{sig}`" for cid, sig in results.signatures.items()]
+        lines.append("")
+    notes = [f"- {ds.label}: {ds.note}" for ds in table.datasets.values() if ds.note]
+    if table.profile == "smoke":
+        notes.insert(0, "- Smoke profile: tiny models after a few updates on Bible data; the numbers only show that "
+                        "the pipeline runs, they are not comparable with the paper's.")
+    if notes:
+        lines += ["Notes:", *notes, ""]
+    if table.notes.strip():
+        lines += [table.notes.strip(), ""]
+    md = plan.out / f"{table.name}.md"
+    md.write_text("\n".join(lines), encoding="utf-8")
+    with open(plan.out / f"{table.name}.csv", "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+    if table.plot:
+        write_plot(plan, results)
+    if table.heatmap and (plan.out / "heatmap" / "heatmap.md").is_file():
+        pngs = sorted((plan.out / "heatmap").glob("*.png"))
+        with open(md, "a", encoding="utf-8") as f:
+            f.write("Attention heatmaps: " + ", ".join(f"![{p.name}](heatmap/{p.name})" for p in pngs) + "\n")
+    return md
+
+
+def write_plot(plan: Plan, results: Results) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table, spec = plan.table, plan.table.plot
+    series = spec.get("series") or [{"x": spec.get("x", "row"), "y": y} for y in spec["y"]]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for line in series:
+        x_key, y = line.get("x", "row"), line["y"]
+        label = line.get("label") or next(c.label for c in table.columns if c.id == y)
+        for source, style in (("ours", "-o"), ("paper", "--x")):
+            points = []
+            for r in table.rows:
+                value = results.get((r.id, y)) if source == "ours" else (r.paper or {}).get(y)
+                x = r.x if x_key == "row" else (results.get((r.id, x_key)) if source == "ours" else (r.paper or {}).get(x_key))
+                if value is not None and x is not None and value == value and x == x:
+                    points.append((x, value))
+            if points:
+                points.sort()
+                ax.plot(*zip(*points), style, label=f"{label} ({source})")
+    ax.set_xlabel(spec.get("xlabel", series[0].get("x", "row")))
+    ax.set_ylabel(spec.get("ylabel", ""))
+    if spec.get("xscale"):
+        ax.set_xscale(spec["xscale"])
+    ax.legend(fontsize=7)
+    ax.set_title(table.title, fontsize=8)
+    fig.tight_layout()
+    path = plan.out / f"{table.name}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,149 @@
+"""Running a plan: each command as a subprocess with its log in a file, finished ones skipped;
+``--dry-run`` parses every command with its tool's own parser instead."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import shlex
+import subprocess
+import sys
+import time
+import re
+from pathlib import Path
+from typing import List
+
+from fairseq_sparse.experiments.errors import ConfigError, StepError
+from fairseq_sparse.experiments.plan import Plan, Step
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    if not path.is_file():
+        return "(no log)"
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+
+PROGRESS = re.compile(r"\| (train_inner|train|valid) \||Translated \d|averaged \d|binarised data|pairs|sparsity rate")
+
+
+def run_step(step: Step, index: int, total: int) -> float:
+    """Run one command, streaming its log to a file and its progress lines to the console."""
+    step.log.parent.mkdir(parents=True, exist_ok=True)
+    step.output.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[{index}/{total}] {step.label}", flush=True)
+    start = time.time()
+    # a training run cut short resumes from its checkpoint_last.pt (fairseq's default): keep its log's
+    # earlier epochs (validation losses, wall time) by appending
+    with open(step.log, "a" if step.kind == "train" else "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(step.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            log.write(line)
+            if PROGRESS.search(line):  # drop fairseq's "date time | INFO | logger |" prefix
+                print(f"      {line.rstrip().split(' | ')[-1][:200]}", flush=True)
+        status = proc.wait()
+    if status != 0:
+        raise StepError(f"{step.label} failed (exit status {status}); command:\n  {shlex.join(step.argv)}\n"
+                        f"last lines of {step.log}:\n{_tail(step.log)}")
+    if step.kind in ("train", "prep") and step.output.suffix == ".done":
+        step.output.write_text("ok\n")
+    if not step.output.exists():
+        raise StepError(f"{step.label} finished but {step.output} is missing; log: {step.log}")
+    elapsed = time.time() - start
+    print(f"      done in {elapsed:.0f}s", flush=True)
+    return elapsed
+
+
+def done(step: Step) -> bool:
+    if not step.output.exists():
+        return False
+    if step.kind == "generate":  # a decode cut short has no summary line
+        return "Translated " in step.output.read_text(encoding="utf-8", errors="replace")
+    return True
+
+
+def execute(plan: Plan, steps: List[Step]) -> set:
+    """Run the steps not done yet; returns the models (dataset, row, seed) that failed to train.
+
+    A failed data preparation stops everything. A failed training or averaging is reported,
+    the steps that need that model are skipped and the other rows go on; a failed decode or
+    analysis is reported and shows as "failed" in its cells.
+    """
+    plan.out.mkdir(parents=True, exist_ok=True)
+    with open(plan.out / "commands.sh", "w", encoding="utf-8") as f:
+        f.write("#!/usr/bin/env bash\n# Every command of this table, in order (run from the repository root).\nset -e\n")
+        for step in steps:
+            f.write(f"# {step.label}\n{shlex.join(step.argv)} > {shlex.quote(str(step.log))} 2>&1\n")
+    todo = [s for s in steps if not done(s)]
+    print(f"{plan.table.name} ({plan.table.profile}): {len(steps)} steps, {len(steps) - len(todo)} already done; "
+          f"commands in {plan.out / 'commands.sh'}", flush=True)
+    failed: set = set()
+    for i, step in enumerate(todo, 1):
+        blocked = [m for m in step.needs if m in failed]
+        if blocked:
+            print(f"[{i}/{len(todo)}] skip {step.label}: {blocked[0][1]} failed", flush=True)
+            continue
+        try:
+            run_step(step, i, len(todo))
+        except StepError as e:
+            if step.kind == "prep":
+                raise
+            print(f"      FAILED: {e}", flush=True)
+            if step.model:
+                failed.add(step.model)
+    return failed
+
+
+# ----------------------------------------------------------------------------- dry run
+
+
+def _load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(f"prep_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+_PARSED: set = set()  # argument lists already parsed, paths left out: rows and seeds share most of them
+
+
+def check_parses(step: Step) -> None:
+    """Parse the step's arguments with the parser of the tool it runs; raise ConfigError if they do not."""
+    from fairseq import options
+
+    import fairseq_sparse  # noqa: F401  (registers the architectures and criteria)
+
+    argv = step.argv
+    key = (Path(argv[0]).name, *("PATH" if "/" in a else a for a in argv[1:]))
+    if key in _PARSED:
+        return
+    try:
+        if argv[0] == sys.executable and argv[1] == "-m":
+            module = "fairseq_sparse.analysis.cli" if argv[2] == "fairseq_sparse.analysis" else argv[2]
+            importlib.import_module(module).build_parser().parse_args(argv[3:])
+        elif argv[0] == sys.executable:
+            _load_script(Path(argv[1])).build_parser().parse_args(argv[2:])
+        else:
+            tool = Path(argv[0]).name
+            if tool == "fairseq-preprocess":
+                options.get_preprocessing_parser().parse_args(argv[1:])
+            elif tool in ("fairseq-train", "fairseq-generate"):
+                from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+                parser = options.get_training_parser() if tool == "fairseq-train" else options.get_generation_parser()
+                convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv[1:]))
+            else:
+                raise ConfigError(f"no parser known for {tool}")
+    except SystemExit as e:
+        raise ConfigError(f"{step.label}: the command does not parse (exit {e.code}):\n  {shlex.join(argv)}") from None
+    _PARSED.add(key)
+
+
+def dry_run(plan: Plan, steps: List[Step]) -> None:
+    for step in steps:
+        check_parses(step)
+        print(f"ok  {step.label}: {shlex.join(step.argv)}")
+    print(f"{plan.table.name} ({plan.table.profile}): {len(steps)} commands parse")

@@ -1,0 +1,227 @@
+"""A table's configuration: its datasets, columns (measures) and rows (models), read and checked.
+
+The YAML format is described in ``configs/README.md``; every reference (dataset, paper setting,
+measure, row) is checked when the table is loaded, so a mistake is one error naming the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import yaml
+
+from fairseq_sparse.experiments.errors import ConfigError
+from fairseq_sparse.experiments.measures import MEASURES
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # shipped with the package
+PROFILES = ("paper", "smoke")
+METRICS = ("sacrebleu", "tokenized", "d_bleu")
+
+
+def table_names(configs: Path = CONFIGS) -> List[str]:
+    return sorted(p.stem for p in (configs / "tables").glob("*.yaml"))
+
+
+def resolve_config(name_or_path: str, configs: Path = CONFIGS) -> Path:
+    """A table by name (``rela_table1``, shipped with the package) or by the path of a YAML file."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    shipped = configs / "tables" / f"{name_or_path}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise ConfigError(f"no table named {name_or_path!r}; known: {', '.join(table_names(configs))} (or give a .yaml path)")
+
+
+@dataclass
+class Dataset:
+    id: str
+    label: str
+    src: str
+    tgt: str
+    prep: List[str]
+    post_process: str
+    documents: bool
+    detok: str
+    note: str
+    setting: dict
+    train_args: str = ""
+    generate_args: str = ""
+
+
+@dataclass
+class Column:
+    id: str
+    label: str
+    dataset: str
+    measure: str
+    split: str = "test"
+    metric: str = "sacrebleu"
+    compound_split: bool = False
+    lowercase: bool = False
+    sacrebleu_tokenize: str = "13a"
+    baseline: Optional[str] = None
+    generate_args: str = ""
+
+
+@dataclass
+class Row:
+    id: str
+    label: str
+    args: str = ""
+    generate_args: str = ""
+    reuse: Optional[str] = None
+    finetune_from: Optional[str] = None
+    setting: Optional[str] = None  # a paper setting replacing the dataset's for this row (e.g. big vs base)
+    datasets: Optional[List[str]] = None  # only these datasets (default: all of the table's)
+    args_by_dataset: Dict[str, str] = field(default_factory=dict)  # extra training arguments per dataset
+    may_fail: bool = False  # the paper reports that this model fails to train: a failure is a result, not an error
+    x: Optional[float] = None
+    paper: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    source: str
+    notes: str
+    profile: str
+    datasets: Dict[str, Dataset]
+    columns: List[Column]
+    rows: List[Row]
+    smoke: dict
+    plot: Optional[dict]
+    path: Path
+    heatmap: Optional[dict] = None
+    settings: Dict[str, dict] = field(default_factory=dict)
+
+    def row(self, row_id: str) -> Row:
+        return next(r for r in self.rows if r.id == row_id)
+
+
+def _load_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"no such configuration file: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def _fields(cls, entry: dict, where: str) -> dict:
+    known = set(cls.__dataclass_fields__)
+    unknown = set(entry) - known
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+    return entry
+
+
+def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
+    """Read a table configuration with its paper settings and datasets; check every reference."""
+    if profile not in PROFILES:
+        raise ConfigError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    path = Path(path)
+    spec = _load_yaml(path)
+    for key in ("name", "title", "paper", "datasets", "columns", "rows"):
+        if key not in spec:
+            raise ConfigError(f"{path}: missing key {key!r}")
+    paper = _load_yaml(configs / "papers" / f"{spec['paper']}.yaml")
+    settings = paper.get("settings") or {}
+    catalogue = _load_yaml(configs / "datasets.yaml")
+    smoke = _load_yaml(configs / "smoke.yaml")
+
+    datasets: Dict[str, Dataset] = {}
+    for entry in spec["datasets"]:
+        ds_id = entry.get("id")
+        if ds_id not in catalogue:
+            raise ConfigError(f"{path}: dataset {ds_id!r} is not in {configs / 'datasets.yaml'}")
+        if entry.get("setting") not in settings:
+            raise ConfigError(f"{path}: dataset {ds_id}: setting {entry.get('setting')!r} is not in "
+                              f"papers/{spec['paper']}.yaml (known: {sorted(settings)})")
+        info = catalogue[ds_id]
+        setting = dict(settings[entry["setting"]])
+        if "train" not in setting:
+            raise ConfigError(f"papers/{spec['paper']}.yaml: setting {entry['setting']} has no 'train'")
+        prep = info["prep"][profile]
+        datasets[ds_id] = Dataset(
+            id=ds_id, label=info["label"], src=info["src"], tgt=info["tgt"],
+            prep=[prep] if isinstance(prep, str) else list(prep),
+            post_process=info.get("post_process", "subword_nmt") if profile == "paper" else "subword_nmt",
+            documents=bool(info.get("documents", False)),
+            detok=info.get("detok", "moses") if profile == "paper" else "moses",
+            note=info.get("smoke_note", "") if profile == "smoke" else "",
+            setting=setting, train_args=entry.get("train_args", "") or "",
+            generate_args=entry.get("generate_args", "") or "")
+
+    columns = [Column(**_fields(Column, c, f"{path}: column {c.get('id')}")) for c in spec["columns"]]
+    rows = [Row(**_fields(Row, r, f"{path}: row {r.get('id')}")) for r in spec["rows"]]
+    for entry in (*columns, *rows):  # YAML reads a bare null, yes or 12 as no string: say so here
+        for key in ("id", "label"):
+            if not isinstance(getattr(entry, key), str) or not getattr(entry, key):
+                raise ConfigError(f"{path}: {type(entry).__name__.lower()} {entry.id!r}: {key} must be a non-empty "
+                                  f"string, got {getattr(entry, key)!r} (quote it in the YAML)")
+    column_ids = [c.id for c in columns]
+    row_ids = [r.id for r in rows]
+    for ids, what in ((column_ids, "column"), (row_ids, "row")):
+        duplicates = {i for i in ids if ids.count(i) > 1}
+        if duplicates:
+            raise ConfigError(f"{path}: duplicate {what} id(s) {sorted(duplicates)}")
+    for c in columns:
+        where = f"{path}: column {c.id}"
+        if c.dataset not in datasets:
+            raise ConfigError(f"{where}: dataset {c.dataset!r} is not among the table's datasets {sorted(datasets)}")
+        if c.measure == "valid_bleu":  # an alias: BLEU on the validation set
+            c.measure, c.split = "bleu", "valid"
+        if c.measure not in MEASURES:
+            raise ConfigError(f"{where}: unknown measure {c.measure!r}; known: {', '.join(['valid_bleu', *MEASURES])}")
+        if c.metric not in METRICS:
+            raise ConfigError(f"{where}: unknown metric {c.metric!r}; known: {', '.join(METRICS)}")
+        if c.metric == "d_bleu" and not datasets[c.dataset].documents:
+            raise ConfigError(f"{where}: d_bleu needs a document-level dataset, {c.dataset} is not one")
+        if MEASURES[c.measure].relative and c.baseline not in row_ids:
+            raise ConfigError(f"{where}: {c.measure} needs 'baseline:' naming a row, got {c.baseline!r}")
+    seen: List[str] = []
+    for r in rows:
+        where = f"{path}: row {r.id}"
+        for ref, what in ((r.reuse, "reuse"), (r.finetune_from, "finetune_from")):
+            if ref is not None and ref not in seen:
+                raise ConfigError(f"{where}: {what} {ref!r} must name an earlier row (earlier: {seen})")
+        if r.reuse and r.finetune_from:
+            raise ConfigError(f"{where}: a row either reuses or fine-tunes, not both")
+        for ds_id in list(r.datasets or []) + list(r.args_by_dataset or {}):
+            if ds_id not in datasets:
+                raise ConfigError(f"{where}: dataset {ds_id!r} is not among the table's datasets {sorted(datasets)}")
+        if r.setting is not None and r.setting not in settings:
+            raise ConfigError(f"{where}: setting {r.setting!r} is not in papers/{spec['paper']}.yaml (known: {sorted(settings)})")
+        unknown = set(r.paper or {}) - set(column_ids)
+        if unknown:
+            raise ConfigError(f"{where}: paper numbers for unknown column(s) {sorted(unknown)}")
+        seen.append(r.id)
+    plot = spec.get("plot")
+    if plot:
+        lines = plot.get("series") or [{"x": plot.get("x", "row"), "y": y} for y in plot.get("y", [])]
+        if not lines:
+            raise ConfigError(f"{path}: plot needs 'y' (column ids) or 'series' ([{{x, y, label}}])")
+        for line in lines:
+            if line.get("y") not in column_ids:
+                raise ConfigError(f"{path}: plot y {line.get('y')!r} is not a column")
+            if line.get("x", "row") != "row" and line["x"] not in column_ids:
+                raise ConfigError(f"{path}: plot x {line['x']!r} is neither 'row' nor a column")
+    heatmap = spec.get("heatmap")
+    if heatmap:
+        unknown = set(heatmap) - {"rows", "dataset", "sentences", "sublayer", "layer", "head", "split"}
+        if unknown:
+            raise ConfigError(f"{path}: heatmap: unknown key(s) {sorted(unknown)}")
+        if heatmap.get("dataset") not in datasets or not heatmap.get("rows") or set(heatmap["rows"]) - set(row_ids):
+            raise ConfigError(f"{path}: heatmap needs 'dataset' (one of the table's) and 'rows' (row ids)")
+    return Table(name=spec["name"], title=spec["title"], source=spec.get("source", ""), notes=spec.get("notes", "") or "",
+                 profile=profile, datasets=datasets, columns=columns, rows=rows, smoke=smoke, plot=plot, path=path,
+                 settings=settings, heatmap=heatmap)
+
+

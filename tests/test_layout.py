@@ -1,0 +1,109 @@
+"""The package's layout rules: imports go one way (no cycle, function-level imports included),
+the table runner stays in small files, and the checkout's top-level folders hold no logic."""
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fairseq_sparse"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_type_checking_block(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def runtime_imports(tree: ast.AST) -> List[ast.AST]:
+    """Every import statement, at any depth, except under ``if TYPE_CHECKING:`` (annotations only)."""
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        if is_type_checking_block(node):
+            todo.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: Dict[str, Set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            for target in targets:
+                while target and target not in paths:
+                    target = target.rsplit(".", 1)[0] if "." in target else ""
+                # a module importing its own package (e.g. for its registrations) is not an edge back
+                if target and target != name and not name.startswith(target + "."):
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    found: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_in_the_package():
+    assert cycles(import_graph()) == []
+
+
+def test_table_runner_files_stay_small():
+    for path in (PACKAGE / "experiments").glob("*.py"):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= 300, f"{path.name}: {lines} lines"
+
+
+def test_checkout_entry_points_hold_no_logic():
+    """data-prep/NAME.py only runs fairseq_sparse.data.NAME; configs/ is the package's own folder."""
+    for script in (ROOT / "data-prep").glob("*.py"):
+        text = script.read_text(encoding="utf-8")
+        assert f'runpy.run_module("fairseq_sparse.data.{script.stem}"' in text and len(text.splitlines()) <= 6, script
+    assert (ROOT / "configs").resolve() == PACKAGE / "configs"

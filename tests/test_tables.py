@@ -230,3 +230,14 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
         record = next(r for r in csv.DictReader(f) if r["row"] == "topk" and r["column"] == "bleu")
     assert record["seeds"] == "2" and float(record["std"]) >= 0
     assert abs(float(record["ours"]) - float(bleu.split(" ")[0])) < 0.006
+
+
+def test_training_time_adds_the_legs_of_a_resumed_run(tmp_path):
+    from fairseq_sparse.experiments.measures import best_valid_loss, trained_epochs, training_seconds
+
+    log = tmp_path / "train.log"
+    log.write_text("epoch 001: loss=9, train_wall=3, wall=50\n| valid | epoch 001 | valid on 'valid' subset | loss 7.5 | x\n"
+                   "end of epoch 1\n| train | epoch 001 | train_wall 40 | wall 100\n"
+                   "epoch 002: loss=8, train_wall=2, wall=20\n| valid | epoch 002 | valid on 'valid' subset | loss 6.25 | x\n"
+                   "end of epoch 2\n| train | epoch 002 | wall 90\n")
+    assert training_seconds(log) == 190 and trained_epochs(log) == 2 and best_valid_loss(log) == 6.25

@@ -141,8 +141,11 @@ def trained_epochs(log: Path) -> int:
 
 
 def training_seconds(log: Path) -> float:
-    """fairseq's wall-clock time of a training run (its last ``wall`` value, validation included)."""
-    return logged_values(log, WALL, "no 'wall' time")[-1]
+    """fairseq's wall-clock time of a training run, validation included: its last ``wall`` value, summed
+    over the legs of a run that was stopped and resumed (fairseq restarts the clock; the log is appended)."""
+    walls = logged_values(log, WALL, "no 'wall' time")
+    ends = [a for a, b in zip(walls, walls[1:]) if b < a]  # the clock went back: the previous leg ended at a
+    return sum(ends) + walls[-1]
 
 
 def best_valid_loss(log: Path) -> float:

@@ -8,9 +8,20 @@
 #   bash scripts/study.sh                # train, decode, analyse; tables under runs/tables/study_*/paper
 #   bash scripts/study.sh --report-only  # tables (Markdown, CSV, PNG) from the finished steps
 #   TABLES="study_de_en" bash scripts/study.sh   # one table only
+# Each table's Markdown, CSV and plots are copied to results/study/ (committed; runs/ is not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
+# results/study/ keeps each table's Markdown, CSV and plots for the repository (runs/ is not committed)
+mkdir -p results/study
 for table in ${TABLES:-study_de_en study_sweeps study_fr_en}; do
-    .venv/bin/python -m fairseq_sparse.tables "$table" --profile paper "$@"
+    .venv/bin/python -m fairseq_sparse.tables "$table" --profile paper "$@" || status=$?
+    out=runs/tables/$table/paper
+    if [ -f "$out/$table.md" ]; then
+        cp "$out/$table.md" "$out/$table.csv" results/study/
+        [ -f "$out/commands.sh" ] && cp "$out/commands.sh" "results/study/$table.commands.sh"
+        [ -f "$out/$table.png" ] && cp "$out/$table.png" results/study/
+        [ -d "$out/heatmap" ] && mkdir -p "results/study/heatmap" && cp "$out"/heatmap/*.png results/study/heatmap/ 2>/dev/null || true
+    fi
 done
+exit ${status:-0}

@@ -102,8 +102,8 @@ def test_key_counts_on_the_fused_path(name):
     padding = counts == 0
     outputs = []
     for module in (fused, plain):
-        module.key_counts = counts
-        outputs.append(module(query, memory, memory, key_padding_mask=padding, need_weights=False, static_kv=True)[0])
+        outputs.append(module(query, memory, memory, key_padding_mask=padding, need_weights=False, static_kv=True,
+                              key_counts=counts)[0])
     assert (outputs[0] - outputs[1]).abs().max() <= 1e-5
 
 

@@ -112,6 +112,31 @@ def test_compressed_memory_gives_the_same_teacher_forced_outputs(cross):
     assert (compressed - uncompressed).abs().max() <= 1e-5
 
 
+def test_key_counts_are_an_argument_of_each_call_not_module_state():
+    """The decoder's extract_features (as fairseq's forward and a direct caller use it) passes the
+    compressed memory's counts to its cross-attention for that call only: afterwards no hook and no
+    attribute remains, and a cross-attention called directly sees no counts."""
+    batch = random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 4, 6], seed=2)
+    model = close_some_gates(build_model(l0drop=True).eval(), batch)
+    tokens, lengths = batch["src_tokens"], batch["src_lengths"]
+    with torch.no_grad():
+        model.encoder.compress = False
+        plain, _ = model.decoder.extract_features(batch["prev_output_tokens"], model.encoder(tokens, src_lengths=lengths))
+        model.encoder.compress = True
+        memory = model.encoder(tokens, src_lengths=lengths)
+        counted, _ = model.decoder.extract_features(batch["prev_output_tokens"], memory)
+        assert (counted - plain).abs().max() <= 1e-5
+        for layer in model.decoder.layers:
+            assert not layer.encoder_attn._forward_pre_hooks and not hasattr(layer.encoder_attn, "key_counts")
+        x = torch.randn(6, 3, model.decoder.embed_dim)
+        slots = memory["encoder_out"][0]
+        once = layer.encoder_attn(x, slots, slots, key_padding_mask=memory["encoder_padding_mask"][0], static_kv=True)[0]
+        counts = memory["encoder_key_counts"][0]
+        weighted = layer.encoder_attn(x, slots, slots, key_padding_mask=memory["encoder_padding_mask"][0], static_kv=True,
+                                      key_counts=counts)[0]
+        assert (counts > 1).any() and not torch.allclose(once, weighted)
+
+
 def test_functions_without_key_counts_decode_uncompressed(caplog):
     model = build_model(l0drop=True, cross_attn_fn="sparsemax")
     assert model.encoder.compress is False

@@ -43,6 +43,9 @@ class AttentionRecorder:
     def __init__(self, model):
         self.modules = attention_modules(model)
         self.weights: Dict[Tuple[str, int], Tensor] = {}
+        # what the model's own call asked of each module (need_weights, need_head_weights), by module:
+        # the recorder asks for per-head weights and hands back what was asked, keeping nothing on modules
+        self.asked: Dict[int, Tuple[bool, bool]] = {}
         self.handles = []
 
     def __enter__(self) -> "AttentionRecorder":
@@ -56,9 +59,8 @@ class AttentionRecorder:
             handle.remove()
         self.handles = []
 
-    @staticmethod
-    def _pre_hook(module, args, kwargs):
-        module._analysis_asked = (kwargs.get("need_weights", True), kwargs.get("need_head_weights", False))
+    def _pre_hook(self, module, args, kwargs):
+        self.asked[id(module)] = (kwargs.get("need_weights", True), kwargs.get("need_head_weights", False))
         kwargs = dict(kwargs, need_weights=True, need_head_weights=True)
         return args, kwargs
 
@@ -66,7 +68,7 @@ class AttentionRecorder:
         def hook(module, args, kwargs, output):
             out, weights = output
             self.weights[key] = weights.detach()
-            need_weights, need_head_weights = module._analysis_asked
+            need_weights, need_head_weights = self.asked.pop(id(module))
             if need_head_weights:
                 return out, weights
             return out, (weights.mean(dim=0) if need_weights else None)

@@ -18,8 +18,9 @@ encoder decodes uncompressed and says so once.
 """
 
 import logging
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
+import torch
 from fairseq import utils
 from torch import Tensor
 
@@ -72,15 +73,26 @@ class GatedEncoderLayer(SparseTransformerEncoderLayer):
     def __init__(self, cfg, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
         self.l0drop_gate: Optional[HardConcreteGate] = None
-        self.gate_output: Optional[GateOutput] = None
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
         out = super().forward(x, encoder_padding_mask, attn_mask=attn_mask)
         if self.l0drop_gate is None:
             return out
         x, fc_result = out if isinstance(out, tuple) else (out, None)
-        x, self.gate_output = self.l0drop_gate(x, encoder_padding_mask)
+        x, _ = self.l0drop_gate(x, encoder_padding_mask)  # its statistics: see collecting_gate_outputs
         return (x, fc_result) if isinstance(out, tuple) else x
+
+
+def collecting_gate_outputs(gates: List[torch.nn.Module]) -> Tuple[List[GateOutput], List]:
+    """A list that receives the GateOutput of every call of these gates, in call order, and the hook
+    handles to remove afterwards: fairseq's encoder keeps only each layer's hidden states, so the
+    inner gates' statistics of one forward pass are collected on the way out, not stored on layers."""
+    collected: List[GateOutput] = []
+
+    def keep(module, args, output):
+        collected.append(output[1])
+
+    return collected, [gate.register_forward_hook(keep) for gate in gates]
 
 
 class L0DropTransformerEncoder(SparseTransformerEncoder):
@@ -107,10 +119,15 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
                 token_embeddings: Optional[Tensor] = None):
-        out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        inner_gates = [layer.l0drop_gate for layer in self.layers if getattr(layer, "l0drop_gate", None) is not None]
+        inner, handles = collecting_gate_outputs(inner_gates)
+        try:
+            out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        finally:
+            for handle in handles:
+                handle.remove()
         padding = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else src_tokens.eq(self.padding_idx)
         x, gate = self.l0drop_gate(out["encoder_out"][0], padding, src_tokens)
-        inner = [layer.gate_output for layer in self.layers if getattr(layer, "l0drop_gate", None) is not None]
         out["l0drop_expected_l0"] = [gate.expected_l0 + sum(g.expected_l0 for g in inner)]
         out["l0drop_closed"] = [gate.closed]
         if self.training or not self.compress:
@@ -133,16 +150,34 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
         return reordered
 
 
+def passing_key_counts(attention_modules: List[torch.nn.Module], counts: Tensor) -> List:
+    """Give ``counts`` to every call of these attention modules as their ``key_counts`` argument, for
+    as long as the returned hook handles live: fairseq's decoder layers call cross-attention with
+    fixed arguments, so the counts ride along as a keyword added on the way in, not as module state."""
+
+    def add_counts(module, args, kwargs):
+        return args, {**kwargs, "key_counts": counts}
+
+    return [m.register_forward_pre_hook(add_counts, with_kwargs=True) for m in attention_modules]
+
+
 class L0DropTransformerDecoder(SparseTransformerDecoder):
+    def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None, **kwargs):
+        # a compressed memory exists at inference only (training attends the uncompressed one), so no
+        # backward pass, activation checkpointing's included, ever recomputes a call without the counts
+        counts = encoder_out.get("encoder_key_counts") if encoder_out is not None else None
+        cross = [layer.encoder_attn for layer in self.layers if layer.encoder_attn is not None]
+        handles = passing_key_counts(cross, counts[0]) if counts else []
+        try:
+            return super().extract_features(prev_output_tokens, encoder_out=encoder_out, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+
     def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                 incremental_state=None, **kwargs):
-        counts = encoder_out.get("encoder_key_counts") if encoder_out is not None else None
-        for layer in self.layers:
-            if layer.encoder_attn is not None:
-                layer.encoder_attn.key_counts = counts[0] if counts else None
         x, extra = super().forward(prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state, **kwargs)
         if encoder_out is not None and encoder_out.get("l0drop_expected_l0"):
             extra["l0drop_expected_l0"] = encoder_out["l0drop_expected_l0"][0]
             extra["l0drop_closed"] = encoder_out["l0drop_closed"][0]
         return x, extra
-

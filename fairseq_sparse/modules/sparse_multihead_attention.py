@@ -80,9 +80,6 @@ class SparseMultiheadAttention(MultiheadAttention):
             self.spec.build_output_norm(embed_dim, self.head_dim) if self.spec.build_output_norm else None
         )
         self.head_params = self.spec.build_head_params(num_heads) if self.spec.build_head_params else None
-        # (B, S) multiplicity of each cross-attention key, set per call by the decoder when
-        # it reads L0Drop's compressed encoder memory; None means every key counts once.
-        self.key_counts: Optional[Tensor] = None
 
     def extra_repr(self) -> str:
         k = f", k={self.attn_k}" if self.spec.uses_k else ""
@@ -162,11 +159,13 @@ class SparseMultiheadAttention(MultiheadAttention):
         attn_mask: Optional[Tensor] = None,
         before_softmax: bool = False,
         need_head_weights: bool = False,
+        key_counts: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """query: (T, B, E); key/value: (S, B, E_kv). Returns (T, B, E) and weights.
 
         Weights are (B, T, S) averaged over heads, or (H, B, T, S) with
-        ``need_head_weights``, as in fairseq.
+        ``need_head_weights``, as in fairseq. ``key_counts`` (B, S): how many encodings each
+        key stands for (L0Drop's compressed memory, passed by its decoder); None: one each.
         """
         if before_softmax:
             raise NotImplementedError("before_softmax is not defined for sparse attention functions")
@@ -186,10 +185,10 @@ class SparseMultiheadAttention(MultiheadAttention):
             self_attention=self.self_attention,
             seed=self.pattern_seed,
         )
-        if self.key_counts is not None:
+        if key_counts is not None:
             if not self.spec.supports_key_counts:
                 raise ValueError(f"attention function {self.attn_fn!r} cannot read a compressed (counted) memory")
-            ctx.key_counts = self.key_counts[:, None, None, :].float()
+            ctx.key_counts = key_counts[:, None, None, :].float()
         if self.spec.uses_positions:
             ctx.query_positions, ctx.key_positions = self._positions(key_padding_mask, k.size(2), tgt_len, incremental_state)
         # One query per call (incremental decoding) has no (T, S) matrix to save: the plain

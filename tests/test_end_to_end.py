@@ -1,7 +1,7 @@
 """fairseq-preprocess -> fairseq-train -> checkpoint -> fairseq-generate -> sacreBLEU, on real bitext.
 
 A few hundred German-English verse pairs from the offline Bible corpus
-(data-prep/bible.py), a tiny transformer_sparse_mini, a few updates per function.
+(fairseq_sparse.data.bible), a tiny transformer_sparse_mini, a few updates per function.
 """
 
 import re

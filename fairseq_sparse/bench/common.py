@@ -24,7 +24,6 @@ from fairseq_sparse.modules.l0drop import GAMMA, ZETA
 
 # Where each method runs: its paper's placement (hard retrieval: decoder self + cross).
 PLACEMENT = {"hard": ("decoder", "cross")}
-ALL_SUBLAYERS = SUBLAYERS
 # The benchmark row of the softmax model with L0Drop gates, decoded from the compressed memory.
 L0DROP = "l0drop"
 # The benchmark row of stock fairseq's own Transformer (fairseq.models.transformer and
@@ -53,7 +52,7 @@ STOCK_ARCHITECTURES: Dict[str, Tuple[str, Dict[str, Any]]] = {
 
 def placement(fn: str, self_only: bool) -> Tuple[str, ...]:
     """Sublayers ``fn`` runs in: its paper's placement, never cross-attention for a self-attention-only pattern."""
-    sublayers = PLACEMENT.get(fn, ALL_SUBLAYERS)
+    sublayers = PLACEMENT.get(fn, SUBLAYERS)
     return tuple(s for s in sublayers if not (self_only and s == "cross"))
 
 
@@ -62,7 +61,7 @@ def row_sublayers(row: str) -> Tuple[str, ...]:
     from fairseq_sparse.attention import get_attention
 
     if row == L0DROP:
-        return ALL_SUBLAYERS
+        return SUBLAYERS
     return placement(row, get_attention(row).self_attention_only)
 
 

@@ -17,8 +17,9 @@ function honours key counts (softmax, topk, hard, ReLA family); with any other, 
 encoder decodes uncompressed and says so once.
 """
 
+import contextlib
 import logging
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional
 
 import torch
 from fairseq import utils
@@ -83,16 +84,18 @@ class GatedEncoderLayer(SparseTransformerEncoderLayer):
         return (x, fc_result) if isinstance(out, tuple) else x
 
 
-def collecting_gate_outputs(gates: List[torch.nn.Module]) -> Tuple[List[GateOutput], List]:
-    """A list that receives the GateOutput of every call of these gates, in call order, and the hook
-    handles to remove afterwards: fairseq's encoder keeps only each layer's hidden states, so the
-    inner gates' statistics of one forward pass are collected on the way out, not stored on layers."""
+@contextlib.contextmanager
+def collecting_gate_outputs(gates: List[torch.nn.Module]) -> Iterator[List[GateOutput]]:
+    """Within the block, a list that receives the GateOutput of every call of these gates, in call
+    order: fairseq's encoder keeps only each layer's hidden states, so the inner gates' statistics of
+    one forward pass are collected on the way out, not stored on layers."""
     collected: List[GateOutput] = []
-
-    def keep(module, args, output):
-        collected.append(output[1])
-
-    return collected, [gate.register_forward_hook(keep) for gate in gates]
+    handles = [gate.register_forward_hook(lambda module, args, output: collected.append(output[1])) for gate in gates]
+    try:
+        yield collected
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class L0DropTransformerEncoder(SparseTransformerEncoder):
@@ -120,12 +123,8 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
                 token_embeddings: Optional[Tensor] = None):
         inner_gates = [layer.l0drop_gate for layer in self.layers if getattr(layer, "l0drop_gate", None) is not None]
-        inner, handles = collecting_gate_outputs(inner_gates)
-        try:
+        with collecting_gate_outputs(inner_gates) as inner:
             out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
-        finally:
-            for handle in handles:
-                handle.remove()
         padding = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else src_tokens.eq(self.padding_idx)
         x, gate = self.l0drop_gate(out["encoder_out"][0], padding, src_tokens)
         out["l0drop_expected_l0"] = [gate.expected_l0 + sum(g.expected_l0 for g in inner)]
@@ -150,15 +149,21 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
         return reordered
 
 
-def passing_key_counts(attention_modules: List[torch.nn.Module], counts: Tensor) -> List:
-    """Give ``counts`` to every call of these attention modules as their ``key_counts`` argument, for
-    as long as the returned hook handles live: fairseq's decoder layers call cross-attention with
+@contextlib.contextmanager
+def passing_key_counts(attention_modules: List[torch.nn.Module], counts: Optional[Tensor]) -> Iterator[None]:
+    """Within the block, every call of these attention modules gets ``counts`` as its ``key_counts``
+    argument (nothing changes when counts is None): fairseq's decoder layers call cross-attention with
     fixed arguments, so the counts ride along as a keyword added on the way in, not as module state."""
 
     def add_counts(module, args, kwargs):
         return args, {**kwargs, "key_counts": counts}
 
-    return [m.register_forward_pre_hook(add_counts, with_kwargs=True) for m in attention_modules]
+    handles = [m.register_forward_pre_hook(add_counts, with_kwargs=True) for m in attention_modules] if counts is not None else []
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class L0DropTransformerDecoder(SparseTransformerDecoder):
@@ -167,12 +172,8 @@ class L0DropTransformerDecoder(SparseTransformerDecoder):
         # backward pass, activation checkpointing's included, ever recomputes a call without the counts
         counts = encoder_out.get("encoder_key_counts") if encoder_out is not None else None
         cross = [layer.encoder_attn for layer in self.layers if layer.encoder_attn is not None]
-        handles = passing_key_counts(cross, counts[0]) if counts else []
-        try:
+        with passing_key_counts(cross, counts[0] if counts else None):
             return super().extract_features(prev_output_tokens, encoder_out=encoder_out, **kwargs)
-        finally:
-            for handle in handles:
-                handle.remove()
 
     def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                 incremental_state=None, **kwargs):

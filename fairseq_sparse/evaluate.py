@@ -28,7 +28,8 @@ from typing import Callable, List, Sequence
 
 from sacrebleu.metrics import BLEU
 
-SENTENCE_SEPARATOR = "<sep>"  # as data-prep/document_blocks.py writes it
+from .data.document_blocks import SEPARATOR, split_block
+
 
 
 def read_hypotheses(generate_output: str, lang: str, detok: str = "moses") -> List[str]:
@@ -81,21 +82,9 @@ def read_block_documents(block_map: str) -> List[int]:
     return [int(row["document"]) for row in rows]
 
 
-def block_sentences(block: str, separator: str = SENTENCE_SEPARATOR) -> List[str]:
-    """The sentences of a block line, split at separator tokens (empty ones dropped)."""
-    sentences, current = [], []
-    for token in block.split() + [separator]:
-        if token != separator:
-            current.append(token)
-        elif current:
-            sentences.append(" ".join(current))
-            current = []
-    return sentences
-
-
 def documents_from_blocks(
     blocks: Sequence[str], block_documents: Sequence[int], detokenize: Callable[[str], str] = lambda s: s,
-    separator: str = SENTENCE_SEPARATOR,
+    separator: str = SEPARATOR,
 ) -> List[str]:
     """Whole documents from translated blocks: sentences detokenised one by one, joined by spaces.
 
@@ -108,14 +97,14 @@ def documents_from_blocks(
         raise ValueError("the block map must list documents 0, 1, ... in order, each block after the previous one")
     documents: List[List[str]] = [[] for _ in set(block_documents)]
     for block, document in zip(blocks, block_documents):
-        documents[document].extend(detokenize(s) for s in block_sentences(block, separator))
+        documents[document].extend(detokenize(s) for s in split_block(block, separator, drop_empty=True))
     return [" ".join(sentences) for sentences in documents]
 
 
 def document_bleu(
     blocks: Sequence[str], block_documents: Sequence[int], document_references: Sequence[str],
     tokenize: str = "13a", lowercase: bool = False, detokenize: Callable[[str], str] = lambda s: s,
-    separator: str = SENTENCE_SEPARATOR,
+    separator: str = SEPARATOR,
 ):
     """d-BLEU: corpus BLEU of whole documents rebuilt from translated blocks; (score, signature)."""
     documents = documents_from_blocks(blocks, block_documents, detokenize, separator)
@@ -134,7 +123,7 @@ def main(argv=None) -> float:
     parser.add_argument("--hypotheses-out", help="also write the detokenised hypotheses (documents with --documents) here")
     parser.add_argument("--documents", metavar="BLOCKS_TSV",
                         help="the generated lines are document blocks mapped by this file: score d-BLEU")
-    parser.add_argument("--separator", default=SENTENCE_SEPARATOR,
+    parser.add_argument("--separator", default=SEPARATOR,
                         help="sentence separator token inside blocks (default: %(default)s)")
     args = parser.parse_args(argv)
     for path in (args.generate_output, args.references, args.documents):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_sparse.data.document_blocks import split_block
 from fairseq_sparse.evaluate import (
-    block_sentences,
     corpus_bleu,
     document_bleu,
     documents_from_blocks,
@@ -149,7 +149,8 @@ def test_unblocking_joins_blocks_in_order_and_detokenises_each_sentence():
         return sentence.replace(" ,", ",").replace(" !", "!").replace(" .", ".").replace(" :", ":")
 
     assert documents_from_blocks(blocks, [0, 0], moses_like) == ['Hello, world! He said: " yes ". Bye.']
-    assert block_sentences("<sep> a b <sep> <sep> c") == ["a b", "c"]
+    assert split_block("<sep> a b <sep> <sep> c", drop_empty=True) == ["a b", "c"]  # translated: stray separators
+    assert split_block("<sep> a b <sep> <sep> c") == ["", "a b", "", "c"]  # written by blocks_of: counted
     with pytest.raises(ValueError, match="2 translated blocks but 3"):
         documents_from_blocks(blocks, [0, 0, 1])
     with pytest.raises(ValueError, match="in order"):

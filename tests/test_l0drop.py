@@ -14,9 +14,8 @@ from fairseq_sparse.modules.l0drop import (
     probability_open,
     sample_gate,
 )
-from fairseq.models import ARCH_MODEL_REGISTRY
 
-from helpers import TinyTask, build_model, model_args, random_batch
+from helpers import TinyTask, build_model, random_batch
 
 
 def close_some_gates(model, batch, seed=0):
@@ -259,13 +258,9 @@ def test_lambda_ramps_linearly_over_warmup():
 def test_criterion_on_a_model_without_gates_is_a_clear_error():
     sample = sample_from(random_batch(lengths=[4], tgt_lengths=[3]))
     with pytest.raises(MissingGatesError, match="needs a model with L0Drop gates.*--l0drop"):
-        criterion()(build_model(), sample)  # a task that did not build the model: caught at the first batch
-    task = TinyTask()
-    ARCH_MODEL_REGISTRY["transformer_sparse_mini"].build_model(model_args(), task)
-    with pytest.raises(MissingGatesError, match="needs a model with L0Drop gates"):
-        L0DropCriterion(task, sentence_avg=False, label_smoothing=0.1, l0_lambda=0.3, l0_lambda_warmup_updates=0)
-    ARCH_MODEL_REGISTRY["transformer_sparse_mini"].build_model(model_args(l0drop=True), task)
-    L0DropCriterion(task, sentence_avg=False, label_smoothing=0.1, l0_lambda=0.3, l0_lambda_warmup_updates=0)
+        criterion()(build_model(), sample)
+    loss, _, _ = criterion()(build_model(l0drop=True), sample)
+    assert torch.isfinite(loss)
 
 
 def test_fine_tuning_a_softmax_model_starts_from_it():

@@ -1,8 +1,10 @@
 """transformer_sparse options, architectures, start-up errors and checkpoint loading."""
 
 import argparse
+import dataclasses
 import os
 import pickle
+import re
 import subprocess
 import sys
 
@@ -14,6 +16,7 @@ from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 from omegaconf import OmegaConf
 
 from fairseq_sparse.checkpoint_loading import CheckpointLoadError
+from fairseq_sparse.models.options import SparseModelOptions
 from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
 from helpers import build_model, model_args
 
@@ -181,12 +184,47 @@ def test_a_k_that_is_not_positive_stops_fairseq_train_with_one_line(tmp_path):
 
 @pytest.mark.parametrize("option,value", [("--attn-k", "-1"), ("--decoder-attn-k", "0"), ("--cross-attn-k", "two")])
 def test_k_options_reject_what_is_not_a_positive_integer_in_argument_parsing(option, value, capsys):
-    from fairseq_sparse.models.sparse_layers import add_sparse_attention_args
-
     parser = argparse.ArgumentParser(prog="fairseq-train")
-    add_sparse_attention_args(parser)
+    SparseModelOptions.add_args(parser)
     assert parser.parse_args([option, "3"]).__dict__[option[2:].replace("-", "_")] == 3
     with pytest.raises(SystemExit) as exit_:
         parser.parse_args([option, value])
     assert exit_.value.code == 2
     assert f"error: argument {option}: must be a positive integer, got '{value}'" in capsys.readouterr().err
+
+
+def test_each_model_option_is_declared_once_with_its_default_and_command_line_form():
+    parser = argparse.ArgumentParser()
+    SparseModelOptions.add_args(parser)
+    declared = {action.dest: action for action in parser._actions if action.dest != "help"}
+    on_command_line = [spec.name for spec in dataclasses.fields(SparseModelOptions) if spec.metadata["help"]]
+    assert sorted(declared) == sorted(on_command_line)
+    # no argparse defaults: an architecture fills what the user left unset
+    assert all(action.default is None for action in declared.values())
+    args = parser.parse_args([])
+    SparseModelOptions.fill_defaults(args)
+    assert SparseModelOptions.from_cfg(args) == SparseModelOptions()
+    given = parser.parse_args(["--cross-attn-fn", "topk", "--cross-attn-k", "3", "--l0drop", "--l0drop-compress", "False"])
+    options = SparseModelOptions.from_cfg(given)
+    assert (options.attn_fn("cross"), options.attn_k_of("cross"), options.attn_k_of("encoder")) == ("topk", 3, 8)
+    assert options.l0drop and not options.l0drop_compress and options.uses_gated_encoder
+
+
+@pytest.mark.parametrize("given,message", [
+    (dict(decoder_attn_fn="nope"), "--decoder-attn-fn: unknown attention function 'nope'"),
+    (dict(attn_k=0), "--attn-k must be a positive integer, got 0"),
+    (dict(encoder_attn_k=-2), "--encoder-attn-k must be a positive integer, got -2"),
+    (dict(hard_train="greedy"), "--hard-train must be one of sample, argmax"),
+    (dict(encoder_prune_pattern="group", l0drop=True), "use it without --l0drop"),
+    (dict(encoder_prune_pattern="nouns"), "--encoder-prune-pattern must be one of group"),
+])
+def test_bad_model_options_are_one_clear_error(given, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SparseModelOptions.from_cfg(argparse.Namespace(**given))
+
+
+def test_options_missing_from_an_old_checkpoint_take_their_defaults():
+    old = argparse.Namespace(encoder_attn_fn="topk", attn_k=4)  # saved before the other options existed
+    options = SparseModelOptions.from_cfg(old)
+    assert options.encoder_attn_fn == "topk" and options.attn_k_of("encoder") == 4
+    assert options.cross_attn_fn == "softmax" and options.l0drop_compress is True

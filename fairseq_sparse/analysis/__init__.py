@@ -5,4 +5,4 @@ Each metric is a plain function on tensors (``sparsity``, ``diversity``, ``align
 ``report`` writes Markdown, CSV and PNG; ``cli`` wires them into subcommands.
 """
 
-from fairseq_sparse.models.sparse_layers import SUBLAYERS  # noqa: F401  (encoder self-, decoder self-, cross)
+from fairseq_sparse.models.options import SUBLAYERS  # noqa: F401  (encoder self-, decoder self-, cross)

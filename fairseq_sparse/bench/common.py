@@ -19,7 +19,7 @@ from fairseq.data.data_utils import collate_tokens
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_sparse.models.sparse_layers import SUBLAYERS
+from fairseq_sparse.models.options import SUBLAYERS
 from fairseq_sparse.modules.l0drop import GAMMA, ZETA
 
 # Where each method runs: its paper's placement (hard retrieval: decoder self + cross).

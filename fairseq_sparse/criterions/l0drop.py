@@ -87,8 +87,6 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, l0_lambda, l0_lambda_warmup_updates,
                  l0_normalization="sentence", ignore_prefix_size=0, report_accuracy=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        if getattr(task, "model_has_l0drop_gates", None) is False:
-            raise MissingGatesError(self.MISSING_GATES)
         if l0_lambda < 0 or l0_lambda_warmup_updates < 0:
             raise ValueError("--l0-lambda and --l0-lambda-warmup-updates must be >= 0")
         self.l0_lambda = l0_lambda
@@ -106,7 +104,9 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
         extra = net_output[1]
-        if "l0drop_expected_l0" not in extra:  # a model from outside this plugin
+        # fairseq builds the criterion from the task alone, so a model without gates shows at its
+        # first batch, before any update or checkpoint
+        if "l0drop_expected_l0" not in extra:
             raise MissingGatesError(self.MISSING_GATES)
         loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]

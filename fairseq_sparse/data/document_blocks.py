@@ -47,7 +47,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger("data_prep.document_blocks")
 
-SEPARATOR = "<sep>"  # also the default of fairseq_sparse.evaluate --separator
+SEPARATOR = "<sep>"  # between the sentences of a block; also fairseq_sparse.evaluate's --separator
 MAX_TOKENS = 512
 MAP_COLUMNS = ("document", "first_sentence", "num_sentences", "document_id")
 
@@ -128,14 +128,20 @@ def unblock(block_lines: Sequence[str], blocks: Sequence[Block], separator: str 
     return [documents[d] for d in sorted(documents)]
 
 
-def split_block(line: str, separator: str = SEPARATOR) -> List[str]:
+def split_block(line: str, separator: str = SEPARATOR, drop_empty: bool = False) -> List[str]:
+    """The sentences of a block line, split at separator tokens.
+
+    A block written by ``blocks_of`` holds exactly its map's sentences, empty ones included
+    (``unblock`` checks the count). A *translated* block is model output: a stray or doubled
+    separator makes no sentence there, so evaluation splits it with ``drop_empty=True``.
+    """
     sentences: List[List[str]] = [[]]
     for token in line.split():
         if token == separator:
             sentences.append([])
         else:
             sentences[-1].append(token)
-    return [" ".join(tokens) for tokens in sentences]
+    return [" ".join(tokens) for tokens in sentences if tokens or not drop_empty]
 
 
 # ------------------------------------------------------------------ files

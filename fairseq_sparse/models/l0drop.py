@@ -22,50 +22,15 @@ import logging
 from typing import Dict, Iterator, List, Optional
 
 import torch
-from fairseq import utils
 from torch import Tensor
 
 from ..attention import get_attention
 from ..modules.l0drop import GateOutput, HardConcreteGate, compress_memory
-from ..modules.prune_patterns import PATTERNS, STORED_TABLE_OPTION, RulePatternGate
+from ..modules.prune_patterns import RulePatternGate
+from .options import SparseModelOptions
 from .sparse_layers import SparseTransformerDecoder, SparseTransformerEncoder, SparseTransformerEncoderLayer, wrap_layer
 
 logger = logging.getLogger(__name__)
-
-
-def add_l0drop_args(parser) -> None:
-    parser.add_argument("--l0drop", action="store_true",
-                        help="L0Drop: hard-concrete gates on the encoder outputs (train with "
-                             "--criterion label_smoothed_cross_entropy_l0drop)")
-    parser.add_argument("--l0drop-every-layer", action="store_true",
-                        help="also gate the output of every encoder layer (the paper's ablation)")
-    parser.add_argument("--l0drop-compress", type=utils.eval_bool, metavar="BOOL",
-                        help="decode from the compressed encoder memory of Algorithm 1 (default: True); "
-                             "--model-overrides \"{'l0drop_compress': False}\" decodes uncompressed")
-    parser.add_argument("--encoder-prune-pattern", choices=PATTERNS,
-                        help="prune encoder outputs by a fixed rule instead of learned gates (L0Drop paper, "
-                             "section 7): group (keep every other token), freq (the 100 most frequent types), "
-                             "inv_freq (the rarest types covering 40%% of tokens), pos (function words, "
-                             "punctuation, MD/EX and subword continuations; needs --encoder-prune-pos-table)")
-    parser.add_argument("--encoder-prune-pos-table", metavar="FILE",
-                        help="word types the pos pattern prunes, one a line (scripts/build_pos_prune_table.py)")
-    parser.add_argument("--l0drop-mask-pruned", action="store_true",
-                        help="in training, hide pruned encodings from cross-attention (the official code) "
-                             "instead of keeping them attendable as zero vectors (the paper, default); "
-                             "decoding is the same either way: the zero slot with its count (Algorithm 1)")
-
-
-def l0drop_defaults(args) -> None:
-    for name, value in (("l0drop", False), ("l0drop_every_layer", False), ("l0drop_compress", True),
-                        ("l0drop_mask_pruned", False), ("encoder_prune_pattern", None), ("encoder_prune_pos_table", None)):
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
-    if args.encoder_prune_pattern and (args.l0drop or args.l0drop_every_layer):
-        raise ValueError("--encoder-prune-pattern replaces L0Drop's learned gates: use it without --l0drop")
-
-
-def uses_gated_encoder(cfg) -> bool:
-    return bool(getattr(cfg, "l0drop", False) or getattr(cfg, "encoder_prune_pattern", None))
 
 
 class GatedEncoderLayer(SparseTransformerEncoderLayer):
@@ -101,19 +66,20 @@ def collecting_gate_outputs(gates: List[torch.nn.Module]) -> Iterator[List[GateO
 class L0DropTransformerEncoder(SparseTransformerEncoder):
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        if cfg.encoder_prune_pattern:
-            self.l0drop_gate = RulePatternGate(cfg.encoder_prune_pattern, dictionary, cfg.encoder_prune_pos_table,
-                                               table_stored=getattr(cfg, STORED_TABLE_OPTION, False))
+        options = SparseModelOptions.from_cfg(cfg)
+        if options.encoder_prune_pattern:
+            self.l0drop_gate = RulePatternGate(options.encoder_prune_pattern, dictionary, options.encoder_prune_pos_table,
+                                               table_stored=options.encoder_prune_pos_table_stored)
         else:
             self.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim)
-        self.mask_pruned = cfg.l0drop_mask_pruned
-        self.compress = cfg.l0drop_compress
-        cross_fn = getattr(cfg, "cross_attn_fn", "softmax")
+        self.mask_pruned = options.l0drop_mask_pruned
+        self.compress = options.l0drop_compress
+        cross_fn = options.cross_attn_fn
         if self.compress and not get_attention(cross_fn).supports_key_counts:
             logger.warning(f"L0Drop: cross-attention function {cross_fn!r} cannot read a compressed memory "
                            "exactly; decoding uncompressed")
             self.compress = False
-        if cfg.l0drop_every_layer:
+        if options.l0drop_every_layer:
             for layer in list(self.layers)[:-1]:
                 layer.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim)
 

@@ -15,23 +15,9 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
 )
 
-from .l0drop import (
-    L0DropTransformerDecoder,
-    L0DropTransformerEncoder,
-    add_l0drop_args,
-    l0drop_defaults,
-    uses_gated_encoder,
-)
-from .sparse_layers import (
-    DEFAULT_ATTN_FN,
-    SUBLAYERS,
-    SparseTransformerDecoder,
-    SparseTransformerEncoder,
-    add_sparse_attention_args,
-    set_default,
-    sparse_attention_defaults,
-    validate_sparse_attention_args,
-)
+from .l0drop import L0DropTransformerDecoder, L0DropTransformerEncoder
+from .options import SparseModelOptions, set_default
+from .sparse_layers import SparseTransformerDecoder, SparseTransformerEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -45,17 +31,12 @@ class SparseTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        add_sparse_attention_args(parser)
-        add_l0drop_args(parser)
+        SparseModelOptions.add_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
-        sparse_attention_defaults(args)
-        l0drop_defaults(args)
-        validate_sparse_attention_args(args)
-        # fairseq builds the criterion right after the model, from the same task: this lets
-        # label_smoothed_cross_entropy_l0drop refuse a model without gates at start-up
-        task.model_has_l0drop_gates = uses_gated_encoder(args)
+        SparseModelOptions.fill_defaults(args)
+        SparseModelOptions.from_cfg(args)  # one clear error for a bad option, before anything is built
         return super().build_model(args, task)
 
     def set_num_updates(self, num_updates):
@@ -63,8 +44,7 @@ class SparseTransformerModel(TransformerModel):
         super().set_num_updates(num_updates)
 
     def attention_summary(self) -> str:
-        cfg = self.cfg
-        return ", ".join(f"{s}={getattr(cfg, f'{s}_attn_fn', DEFAULT_ATTN_FN)}" for s in SUBLAYERS)
+        return SparseModelOptions.from_cfg(self.cfg).summary()
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         own = self.state_dict()
@@ -93,13 +73,13 @@ class SparseTransformerModel(TransformerModel):
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        encoder = L0DropTransformerEncoder if uses_gated_encoder(cfg) else SparseTransformerEncoder
+        encoder = L0DropTransformerEncoder if SparseModelOptions.from_cfg(cfg).uses_gated_encoder else SparseTransformerEncoder
         return encoder(cfg, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        decoder = L0DropTransformerDecoder if uses_gated_encoder(cfg) else SparseTransformerDecoder
+        decoder = L0DropTransformerDecoder if SparseModelOptions.from_cfg(cfg).uses_gated_encoder else SparseTransformerDecoder
         return decoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 
@@ -109,21 +89,21 @@ class SparseTransformerModel(TransformerModel):
 @register_model_architecture("transformer_sparse", "transformer_sparse")
 def sparse_base_architecture(args):
     """Transformer base (Vaswani et al., 2017): 6+6 layers, 512/2048, 8 heads."""
-    sparse_attention_defaults(args)
+    SparseModelOptions.fill_defaults(args)
     base_architecture(args)
 
 
 @register_model_architecture("transformer_sparse", "transformer_sparse_wmt_en_de_big")
 def sparse_big_architecture(args):
     """Transformer big: 6+6 layers, 1024/4096, 16 heads, dropout 0.3."""
-    sparse_attention_defaults(args)
+    SparseModelOptions.fill_defaults(args)
     transformer_vaswani_wmt_en_de_big(args)
 
 
 @register_model_architecture("transformer_sparse", "transformer_sparse_iwslt_de_en")
 def sparse_iwslt_architecture(args):
     """fairseq's IWSLT14 De-En model: 6+6 layers, 512/1024, 4 heads."""
-    sparse_attention_defaults(args)
+    SparseModelOptions.fill_defaults(args)
     transformer_iwslt_de_en(args)
 
 

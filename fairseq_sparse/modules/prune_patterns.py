@@ -30,7 +30,7 @@ PATTERNS = ("group", "freq", "inv_freq", "pos")
 TOP_FREQUENT_TYPES = 100
 INV_FREQ_TOKEN_SHARE = 0.4
 BPE_JOINER = "@@"
-STORED_TABLE_OPTION = "encoder_prune_pos_table_stored"  # set on a checkpoint's model options when it is loaded
+STORED_TABLE_OPTION = "encoder_prune_pos_table_stored"  # a model option (models.options), set when a checkpoint is loaded
 
 
 def frequent_types(dictionary: Dictionary, top: int = TOP_FREQUENT_TYPES) -> Tensor:

@@ -1,0 +1,156 @@
+"""The options ``transformer_sparse`` adds to fairseq's transformer, each declared once: its
+default, its command-line form and its check live in ``SparseModelOptions``.
+
+fairseq hands a model its options as an ``argparse.Namespace`` (legacy ``add_args`` models) or as a
+``TransformerConfig`` carrying them as extra attributes; ``SparseModelOptions.from_cfg`` reads either
+into one checked, typed object. The command line declares no argparse defaults: architectures fill
+the options a user left unset (``fill_defaults``), so a preset can choose its own.
+"""
+
+import argparse
+from dataclasses import dataclass, field, fields
+from typing import Callable, Optional, Sequence, Union
+
+from fairseq import utils
+
+from ..attention import attention_names, check_k, get_attention
+from ..attention.structured import DEFAULT_PATTERN_SEED
+from ..modules.prune_patterns import PATTERNS
+
+SUBLAYERS = ("encoder", "decoder", "cross")
+HARD_TRAIN_CHOICES = ("sample", "argmax")
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` of the k options: a bad k stops fairseq-train in argument parsing, with
+    one usage error line, instead of a traceback from model building (fairseq catches nothing)."""
+    try:
+        return check_k(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+
+
+def option(default, help: Optional[str], *, type: Optional[Callable] = None,
+           choices: Union[Sequence[str], Callable[[], Sequence[str]], None] = None,
+           flag: bool = False, metavar: Optional[str] = None):
+    """A model option. ``help=None``: set by the plugin itself, not on the command line.
+    ``choices`` may be a function, read when the parser is built (the attention registry grows
+    with ``--user-dir`` plugins of its own)."""
+    return field(default=default, metadata=dict(help=help, type=type, choices=choices, flag=flag, metavar=metavar))
+
+
+def _attn_fn(what: str):
+    return option("softmax", f"attention function of the {what}", choices=attention_names, metavar="FN")
+
+
+def _attn_k(what: str):
+    return option(None, f"attended keys per query in the {what} for functions that take k (default: --attn-k)",
+                  type=positive_int, metavar="K")
+
+
+@dataclass
+class SparseModelOptions:
+    encoder_attn_fn: str = _attn_fn("encoder self-attention")
+    decoder_attn_fn: str = _attn_fn("decoder self-attention")
+    cross_attn_fn: str = _attn_fn("encoder-decoder attention")
+    encoder_attn_k: Optional[int] = _attn_k("encoder self-attention")
+    decoder_attn_k: Optional[int] = _attn_k("decoder self-attention")
+    cross_attn_k: Optional[int] = _attn_k("encoder-decoder attention")
+    attn_k: int = option(8, "attended keys per query for functions that take k, e.g. topk",
+                         type=positive_int, metavar="K")
+    hard_train: str = option("sample", "how hard retrieval attention picks its key in training: sample from "
+                             "the softmax (the paper) or take its argmax", choices=HARD_TRAIN_CHOICES)
+    attn_pattern_seed: int = option(DEFAULT_PATTERN_SEED, "seed of the random key choice of random/bigbird attention",
+                                    type=int, metavar="N")
+    l0drop: bool = option(False, "L0Drop: hard-concrete gates on the encoder outputs (train with "
+                          "--criterion label_smoothed_cross_entropy_l0drop)", flag=True)
+    l0drop_every_layer: bool = option(False, "also gate the output of every encoder layer (the paper's ablation)",
+                                      flag=True)
+    l0drop_compress: bool = option(True, "decode from the compressed encoder memory of Algorithm 1; "
+                                   "--model-overrides \"{'l0drop_compress': False}\" decodes uncompressed",
+                                   type=utils.eval_bool, metavar="BOOL")
+    l0drop_mask_pruned: bool = option(False, "in training, hide pruned encodings from cross-attention (the official "
+                                      "code) instead of keeping them attendable as zero vectors (the paper, default); "
+                                      "decoding is the same either way: the zero slot with its count (Algorithm 1)",
+                                      flag=True)
+    encoder_prune_pattern: Optional[str] = option(
+        None, "prune encoder outputs by a fixed rule instead of learned gates (L0Drop paper, section 7): group (keep "
+        "every other token), freq (the 100 most frequent types), inv_freq (the rarest types covering 40%% of tokens), "
+        "pos (function words, punctuation, MD/EX and subword continuations; needs --encoder-prune-pos-table)",
+        choices=PATTERNS)
+    encoder_prune_pos_table: Optional[str] = option(
+        None, "word types the pos pattern prunes, one a line (scripts/build_pos_prune_table.py)", metavar="FILE")
+    # set on a loaded checkpoint's options: its pos table is a buffer of the state, the file is not read
+    encoder_prune_pos_table_stored: bool = option(False, None)
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        for spec in fields(cls):
+            meta = spec.metadata
+            if meta["help"] is None:
+                continue
+            name = "--" + spec.name.replace("_", "-")
+            shown = f" (default: {spec.default})" if spec.default is not None and not meta["flag"] else ""
+            if meta["flag"]:
+                # default None, not False: an architecture may turn a flag on by default
+                parser.add_argument(name, action="store_true", default=None, help=meta["help"])
+                continue
+            choices = meta["choices"]() if callable(meta["choices"]) else meta["choices"]
+            listed = f"; one of: {', '.join(choices)}" if choices is not None and meta["metavar"] else ""
+            parser.add_argument(name, type=meta["type"], choices=choices, metavar=meta["metavar"],
+                                help=meta["help"] + shown + listed)
+
+    @classmethod
+    def fill_defaults(cls, args) -> None:
+        """Give every option the user left unset its default (0 and '' count as set, to be rejected)."""
+        for spec in fields(cls):
+            set_default(args, spec.name, spec.default)
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "SparseModelOptions":
+        """The checked options of a Namespace or TransformerConfig; unset ones take their defaults
+        (a checkpoint saved before an option existed lacks it)."""
+        given = {spec.name: getattr(cfg, spec.name, None) for spec in fields(cls)}
+        options = cls(**{name: value for name, value in given.items() if value is not None})
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        """Reject unknown function names, k <= 0 and conflicting options with one message each."""
+        for sublayer in SUBLAYERS:
+            try:
+                get_attention(self.attn_fn(sublayer))
+            except ValueError as err:
+                raise ValueError(f"--{sublayer}-attn-fn: {err}") from None
+            sublayer_k = getattr(self, f"{sublayer}_attn_k")
+            if sublayer_k is not None:
+                check_k(sublayer_k, f"--{sublayer}-attn-k")
+        check_k(self.attn_k, "--attn-k")
+        if self.hard_train not in HARD_TRAIN_CHOICES:
+            raise ValueError(f"--hard-train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {self.hard_train!r}")
+        if self.encoder_prune_pattern is not None and self.encoder_prune_pattern not in PATTERNS:
+            raise ValueError(f"--encoder-prune-pattern must be one of {', '.join(PATTERNS)}, "
+                             f"got {self.encoder_prune_pattern!r}")
+        if self.encoder_prune_pattern and (self.l0drop or self.l0drop_every_layer):
+            raise ValueError("--encoder-prune-pattern replaces L0Drop's learned gates: use it without --l0drop")
+
+    def attn_fn(self, sublayer: str) -> str:
+        return getattr(self, f"{sublayer}_attn_fn")
+
+    def attn_k_of(self, sublayer: str) -> int:
+        sublayer_k = getattr(self, f"{sublayer}_attn_k")
+        return sublayer_k if sublayer_k is not None else self.attn_k
+
+    @property
+    def uses_gated_encoder(self) -> bool:
+        return bool(self.l0drop or self.encoder_prune_pattern)
+
+    def summary(self) -> str:
+        return ", ".join(f"{sublayer}={self.attn_fn(sublayer)}" for sublayer in SUBLAYERS)
+
+
+def set_default(args, name: str, value) -> None:
+    """Set ``args.name`` unless the user gave it (0 and '' count as given, to be rejected later)."""
+    if getattr(args, name, None) is None:
+        setattr(args, name, value)
+

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment and install the pinned dependencies.
 # Usage: bash scripts/setup-env.sh        (VENV=path overrides the default .venv)
+#        PYTHON=python3.12 VENV=.venv312 bash scripts/setup-env.sh   (3.12: every pin has a cp312
+#        wheel, tests/test_packaging.py; the registry's torch 2.13.0 for 3.12 is its CUDA build)
 # Re-running is cheap: it reinstalls only when requirements.txt or setup.py changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -107,3 +107,11 @@ def test_checkout_entry_points_hold_no_logic():
         text = script.read_text(encoding="utf-8")
         assert f'runpy.run_module("fairseq_sparse.data.{script.stem}"' in text and len(text.splitlines()) <= 6, script
     assert (ROOT / "configs").resolve() == PACKAGE / "configs"
+
+
+def test_test_folders_mirror_the_package():
+    folders = [d for d in (ROOT / "tests").iterdir() if d.is_dir() and d.name not in ("fixtures", "__pycache__")]
+    assert folders and all((ROOT / "fairseq_sparse" / d.name).is_dir() for d in folders), folders
+    # pytest's default import mode puts each test folder on sys.path: test file names must differ
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert len(names) == len(set(names))

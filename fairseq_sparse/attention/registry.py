@@ -28,7 +28,7 @@ structured patterns) also registers that subset as a *selection*::
 When no weights are requested the attention module then computes the output with a
 fused kernel (``scaled_dot_product_attention``) over the keys the selection leaves,
 in query chunks for selections that read scores, instead of calling ``fn``; the two
-paths agree to float tolerance (tests/test_fused_attention.py). ``register_selection``
+paths agree to float tolerance (tests/modules/test_fused_attention.py). ``register_selection``
 registers such a method from its selection alone. Functions that need parameters of their own (a learned alpha, a
 normalisation of the head outputs) declare builders in the register call; the
 attention module owns the resulting modules and hands them over in ``ctx``.

@@ -11,7 +11,7 @@ import torch
 
 from fairseq_sparse.attention import attention_names
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # One intra-op thread: the smoke tests must not depend on (or fight over) the machine's cores.
 TINY_MODEL = ["--arch", "transformer_sparse_mini", "--threads", "1"]
 
@@ -31,7 +31,7 @@ RUNS = {
                                         "--functions", "softmax", "hard", "l0drop"],
                           ["| hard | ", "| l0drop | ", "Amdahl bound"]),
 }
-# flops.py runs in-process in tests/test_flops.py.
+# flops.py runs in-process in tests/bench/test_flops.py.
 
 
 def run(script, *args):

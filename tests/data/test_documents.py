@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "data_prep" / "sentences.tsv"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "data_prep" / "sentences.tsv"
 MAX_TOKENS = 40
 
 

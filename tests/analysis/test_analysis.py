@@ -16,7 +16,7 @@ from fairseq_sparse.analysis.cli import main
 from fairseq_sparse.analysis.collect import AttentionRecorder, valid_masks
 from helpers import TINY_SRC, TINY_TRAIN, build_model, random_batch, run_in_process, tiny_bitext
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------- sparsity / null rate

@@ -11,7 +11,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_sparse.modules.prune_patterns import RulePatternGate, frequent_types, rare_types
 from helpers import TINY_TRAIN, TinyTask, build_model, random_batch, run_in_process, tiny_bitext
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def counted_dictionary(counts):

@@ -10,7 +10,7 @@ import torch
 from fairseq_sparse import tables
 from fairseq_sparse.tables import ConfigError, load_table, merge_args
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TABLES = sorted((ROOT / "configs" / "tables").glob("*.yaml"))
 
 

@@ -5,6 +5,7 @@ Only the small ``build_*`` hooks of fairseq's transformer are overridden; every
 gated encoder and compressed-memory decoder in ``l0drop``.
 """
 
+import dataclasses
 import logging
 
 from fairseq.models import register_model, register_model_architecture
@@ -117,6 +118,9 @@ def sparse_mini_architecture(args):
 
 def _preset(name, base, doc, **attention):
     """Register an architecture that fixes attention functions on top of ``base`` sizes."""
+    unknown = set(attention) - {spec.name for spec in dataclasses.fields(SparseModelOptions)}
+    if unknown:
+        raise ValueError(f"architecture {name}: {sorted(unknown)} are not transformer_sparse options")
 
     def architecture(args):
         for key, value in attention.items():

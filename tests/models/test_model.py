@@ -229,3 +229,11 @@ def test_options_missing_from_an_old_checkpoint_take_their_defaults():
     options = SparseModelOptions.from_cfg(old)
     assert options.encoder_attn_fn == "topk" and options.attn_k_of("encoder") == 4
     assert options.cross_attn_fn == "softmax" and options.l0drop_compress is True
+
+
+def test_a_preset_naming_an_unknown_option_fails_at_registration():
+    from fairseq_sparse.models.sparse_transformer import _preset, sparse_base_architecture
+
+    with pytest.raises(ValueError, match=r"\['cros_attn_fn'\] are not transformer_sparse options"):
+        _preset("transformer_sparse_typo", sparse_base_architecture, "a typo", cros_attn_fn="topk")
+    assert "transformer_sparse_typo" not in ARCH_MODEL_NAME_REGISTRY

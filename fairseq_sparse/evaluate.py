@@ -31,7 +31,6 @@ from sacrebleu.metrics import BLEU
 from .data.document_blocks import SEPARATOR, split_block
 
 
-
 def read_hypotheses(generate_output: str, lang: str, detok: str = "moses") -> List[str]:
     """Detokenised hypotheses from fairseq-generate's log, in corpus order: the best of each sentence.
 

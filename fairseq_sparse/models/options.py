@@ -119,7 +119,7 @@ class SparseModelOptions:
         """Reject unknown function names, k <= 0 and conflicting options with one message each."""
         for sublayer in SUBLAYERS:
             try:
-                get_attention(self.attn_fn(sublayer))
+                get_attention(self.attn_fn_of(sublayer))
             except ValueError as err:
                 raise ValueError(f"--{sublayer}-attn-fn: {err}") from None
             sublayer_k = getattr(self, f"{sublayer}_attn_k")
@@ -134,7 +134,7 @@ class SparseModelOptions:
         if self.encoder_prune_pattern and (self.l0drop or self.l0drop_every_layer):
             raise ValueError("--encoder-prune-pattern replaces L0Drop's learned gates: use it without --l0drop")
 
-    def attn_fn(self, sublayer: str) -> str:
+    def attn_fn_of(self, sublayer: str) -> str:
         return getattr(self, f"{sublayer}_attn_fn")
 
     def attn_k_of(self, sublayer: str) -> int:
@@ -146,7 +146,7 @@ class SparseModelOptions:
         return bool(self.l0drop or self.encoder_prune_pattern)
 
     def summary(self) -> str:
-        return ", ".join(f"{sublayer}={self.attn_fn(sublayer)}" for sublayer in SUBLAYERS)
+        return ", ".join(f"{sublayer}={self.attn_fn_of(sublayer)}" for sublayer in SUBLAYERS)
 
 
 def set_default(args, name: str, value) -> None:

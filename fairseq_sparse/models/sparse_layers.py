@@ -24,7 +24,7 @@ def build_sparse_attention(cfg, sublayer: str, embed_dim: int, num_heads: int, *
     return SparseMultiheadAttention(
         embed_dim,
         num_heads,
-        attn_fn=options.attn_fn(sublayer),
+        attn_fn=options.attn_fn_of(sublayer),
         attn_k=options.attn_k_of(sublayer),
         hard_train=options.hard_train,
         pattern_seed=options.attn_pattern_seed,

@@ -200,6 +200,9 @@ def test_each_model_option_is_declared_once_with_its_default_and_command_line_fo
     declared = {action.dest: action for action in parser._actions if action.dest != "help"}
     on_command_line = [spec.name for spec in dataclasses.fields(SparseModelOptions) if spec.metadata["help"]]
     assert sorted(declared) == sorted(on_command_line)
+    # the one option set by the plugin, not the user, under the name the pos-table loader writes
+    from fairseq_sparse.modules.prune_patterns import STORED_TABLE_OPTION
+    assert {spec.name for spec in dataclasses.fields(SparseModelOptions)} - set(on_command_line) == {STORED_TABLE_OPTION}
     # no argparse defaults: an architecture fills what the user left unset
     assert all(action.default is None for action in declared.values())
     args = parser.parse_args([])
@@ -207,7 +210,7 @@ def test_each_model_option_is_declared_once_with_its_default_and_command_line_fo
     assert SparseModelOptions.from_cfg(args) == SparseModelOptions()
     given = parser.parse_args(["--cross-attn-fn", "topk", "--cross-attn-k", "3", "--l0drop", "--l0drop-compress", "False"])
     options = SparseModelOptions.from_cfg(given)
-    assert (options.attn_fn("cross"), options.attn_k_of("cross"), options.attn_k_of("encoder")) == ("topk", 3, 8)
+    assert (options.attn_fn_of("cross"), options.attn_k_of("cross"), options.attn_k_of("encoder")) == ("topk", 3, 8)
     assert options.l0drop and not options.l0drop_compress and options.uses_gated_encoder
 
 

@@ -90,14 +90,25 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False) 
     return results
 
 
+def shown(path: Path) -> Path:
+    """A path as the report prints it: relative to the working directory (the repository) when under it,
+    so a committed report does not carry the machine's directories."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return Path(path)
+
+
 def write_report(plan: Plan, results: Results) -> Path:
     table = plan.table
+    # a "(paper)" column only where some row quotes the paper: tables of our own (demo, study) stay readable
+    quoted = {col.id for col in table.columns if any(col.id in (row.paper or {}) for row in table.rows)}
     header = ["model"]
     for col in table.columns:
-        header += [col.label, f"{col.label} (paper)"]
+        header += [col.label] + ([f"{col.label} (paper)"] if col.id in quoted else [])
     lines = [f"# {table.title}", "",
-             f"Profile `{table.profile}`; source: {table.source}; configuration `{table.path}`; "
-             f"commands: `{plan.out / 'commands.sh'}`.", "",
+             f"Profile `{table.profile}`; source: {table.source}; configuration `{shown(table.path)}`; "
+             f"commands: `{shown(plan.out / 'commands.sh')}`.", "",
              "| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     records = []
     for row in table.rows:
@@ -105,7 +116,7 @@ def write_report(plan: Plan, results: Results) -> Path:
         for col in table.columns:
             ours, theirs = results.get((row.id, col.id)), (row.paper or {}).get(col.id)
             spread = results.spreads.get((row.id, col.id))
-            cells += [fmt(ours, col, spread), fmt(theirs, col)]
+            cells += [fmt(ours, col, spread)] + ([fmt(theirs, col)] if col.id in quoted else [])
             records.append({"row": row.id, "model": row.label, "column": col.id, "label": col.label, "dataset": col.dataset,
                             "measure": col.measure, "split": col.split,
                             "ours": "" if ours is None else ("failed" if ours != ours else f"{ours:.4f}"),

@@ -3,6 +3,7 @@
 import csv
 import shutil
 from pathlib import Path
+from typing import Dict
 
 import pytest
 import torch
@@ -133,6 +134,13 @@ def run_table(name: str, root: Path, capsys) -> str:
     return printed
 
 
+def cells(md: str) -> Dict[str, Dict[str, str]]:
+    """A Markdown table as {row label: {column header: cell}}."""
+    lines = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line]
+    header = [c.strip() for c in lines[0].split("|")[2:-1]]
+    return {line.split("|")[1].strip(): dict(zip(header, (c.strip() for c in line.split("|")[2:-1]))) for line in lines[1:]}
+
+
 def test_demo_table_in_smoke_profile(smoke_root, capsys):
     """One softmax model, two fine-tunes of it (hard retrieval, L0Drop) and three decodings of it with
     other functions: BLEU, sparsities, speed ratio, heatmap, all real numbers."""
@@ -140,19 +148,19 @@ def test_demo_table_in_smoke_profile(smoke_root, capsys):
     out = smoke_root / "demo"
     md = (out / "demo.md").read_text()
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in md
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in md.splitlines() if line.startswith("| ") and "---" not in line}
+    rows = cells(md)
+    assert not any(h.endswith("(paper)") for h in rows["softmax"])  # no paper quotes the demo: no empty columns
     topk, hard = "top-k (k=8), decoding the softmax model", "hard retrieval (dec self + cross), decoding the softmax model"
+    bleu, zero, pruned, speed = "BLEU", "attention weights = 0 (%)", "encoder outputs pruned (%)", "decode tokens/s vs softmax"
     for label in ("softmax", topk, hard, "hard retrieval (dec self + cross), softmax model fine-tuned 200 updates",
                   "1.5-entmax, decoding the softmax model"):
-        ours = rows[label][0::2]
-        assert all(cell not in ("—", "failed") for cell in [ours[0], ours[1], ours[3]]), (label, ours)
-    assert float(rows["softmax"][2]) == 0.0  # softmax: no weight is exactly 0
+        assert all(rows[label][c] not in ("—", "failed") for c in (bleu, zero, speed)), (label, rows[label])
+    assert float(rows["softmax"][zero]) == 0.0  # softmax: no weight is exactly 0
     # the reused softmax model is analysed with the row's --model-overrides: top-k's zeros show
-    assert float(rows[topk][2]) > 0.0 and float(rows[hard][2]) > 0.0
-    assert float(rows["softmax"][6]) == 1.0  # speed ratio of the baseline to itself
-    assert float(rows["softmax"][4]) == 0.0  # no gates, nothing pruned
-    assert rows["L0Drop (softmax fine-tuned with gates)"][4] not in ("—", "failed")
+    assert float(rows[topk][zero]) > 0.0 and float(rows[hard][zero]) > 0.0
+    assert float(rows["softmax"][speed]) == 1.0  # speed ratio of the baseline to itself
+    assert float(rows["softmax"][pruned]) == 0.0  # no gates, nothing pruned
+    assert rows["L0Drop (softmax fine-tuned with gates)"][pruned] not in ("—", "failed")
     assert list((out / "heatmap").glob("*.png"))
     assert (out / "demo.csv").read_text().count("\n") == 1 + 6 * 4
     # a second run finds everything done and only re-reads the results
@@ -202,9 +210,6 @@ rows:
 """
 
 
-def cells(md: str) -> dict:
-    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]][0::2]
-            for line in md.splitlines() if line.startswith("| ") and "---" not in line}
 
 
 def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke_root, tmp_path, capsys):
@@ -214,18 +219,20 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
     assert tables.main([str(config), *common, "--out", str(tmp_path / "run"), "--seeds", "1", "2"]) == 0
     capsys.readouterr()
     md = (tmp_path / "run" / "seeds.md").read_text()
-    bleu, delta, zero, null, epochs, loss, minutes = cells(md)["topk"]
+    bleu, delta, zero, null, epochs, loss, minutes = (cells(md)["topk"][c] for c in
+                                                       ("BLEU", "delta", "zero", "nulls", "epochs", "loss", "minutes"))
+    assert list(cells(md)["topk"]).count("delta (paper)") == 1 and "BLEU (paper)" not in cells(md)["topk"]
     assert " ± " in bleu and " ± " in delta and delta[0] in "+-"  # two seeds: mean ± std; a difference has its sign
-    assert cells(md)["softmax"][1].startswith("+0.00")  # the baseline against itself, seed by seed
+    assert cells(md)["softmax"]["delta"].startswith("+0.00")  # the baseline against itself, seed by seed
     assert float(zero.split(" ")[0]) > 0 and float(null.split(" ")[0]) >= 0
     assert float(epochs.split(" ")[0]) >= 1 and float(minutes.split(" ")[0]) >= 0
     assert loss == "—"  # smoke trains with --disable-validation: not measured, not failed
-    assert "| +0.30 |" in md  # the paper's delta beside ours
+    assert cells(md)["topk"]["delta (paper)"] == "+0.30"  # the paper's delta beside ours
     # a third seed that never ran: --report-only writes the table from what finished, and says so
     assert tables.main([str(config), *common, "--out", str(tmp_path / "run"), "--seeds", "1", "2", "3", "--report-only"]) == 0
     assert "[1/" not in capsys.readouterr().out  # nothing ran
     again = (tmp_path / "run" / "seeds.md").read_text()
-    assert cells(again)["topk"][0] == bleu and "planned: [1, 2, 3]" in again and "topk 1,2" in again
+    assert cells(again)["topk"]["BLEU"] == bleu and "planned: [1, 2, 3]" in again and "topk 1,2" in again
     with open(tmp_path / "run" / "seeds.csv", encoding="utf-8") as f:
         record = next(r for r in csv.DictReader(f) if r["row"] == "topk" and r["column"] == "bleu")
     assert record["seeds"] == "2" and float(record["std"]) >= 0

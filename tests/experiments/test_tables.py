@@ -210,8 +210,6 @@ rows:
 """
 
 
-
-
 def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke_root, tmp_path, capsys):
     config = tmp_path / "seeds.yaml"
     config.write_text(STUDY_LIKE)

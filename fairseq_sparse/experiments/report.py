@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 from fairseq_sparse.experiments.errors import StepError
 from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.plan import Plan, Step
-from fairseq_sparse.experiments.runner import done
+from fairseq_sparse.experiments.runner import done, relative_to_cwd
 from fairseq_sparse.experiments.schema import Column, Dataset, Row
 
 logger = logging.getLogger("fairseq_sparse.experiments")
@@ -90,15 +90,6 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False) 
     return results
 
 
-def shown(path: Path) -> Path:
-    """A path as the report prints it: relative to the working directory (the repository) when under it,
-    so a committed report does not carry the machine's directories."""
-    try:
-        return Path(path).resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        return Path(path)
-
-
 def write_report(plan: Plan, results: Results) -> Path:
     table = plan.table
     # a "(paper)" column only where some row quotes the paper: tables of our own (demo, study) stay readable
@@ -107,8 +98,8 @@ def write_report(plan: Plan, results: Results) -> Path:
     for col in table.columns:
         header += [col.label] + ([f"{col.label} (paper)"] if col.id in quoted else [])
     lines = [f"# {table.title}", "",
-             f"Profile `{table.profile}`; source: {table.source}; configuration `{shown(table.path)}`; "
-             f"commands: `{shown(plan.out / 'commands.sh')}`.", "",
+             f"Profile `{table.profile}`; source: {table.source}; configuration `{relative_to_cwd(str(table.path))}`; "
+             f"commands: `{relative_to_cwd(str(plan.out / 'commands.sh'))}`.", "",
              "| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     records = []
     for row in table.rows:

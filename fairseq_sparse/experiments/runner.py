@@ -17,6 +17,12 @@ from fairseq_sparse.experiments.errors import ConfigError, StepError
 from fairseq_sparse.experiments.plan import Plan, Step
 
 
+def relative_to_cwd(text: str) -> str:
+    """``text`` with the working directory's absolute path taken off every path under it: what a
+    committed commands.sh or report prints, so it names no machine's directories."""
+    return text.replace(str(Path.cwd().resolve()) + "/", "")
+
+
 def _tail(path: Path, lines: int = 25) -> str:
     if not path.is_file():
         return "(no log)"
@@ -70,9 +76,10 @@ def execute(plan: Plan, steps: List[Step]) -> set:
     """
     plan.out.mkdir(parents=True, exist_ok=True)
     with open(plan.out / "commands.sh", "w", encoding="utf-8") as f:
-        f.write("#!/usr/bin/env bash\n# Every command of this table, in order (run from the repository root).\nset -e\n")
+        f.write("#!/usr/bin/env bash\n# Every command of this table, in order (run from the directory the table ran in: "
+                "paths under it are relative).\nset -e\n")
         for step in steps:
-            f.write(f"# {step.label}\n{shlex.join(step.argv)} > {shlex.quote(str(step.log))} 2>&1\n")
+            f.write(f"# {step.label}\n{relative_to_cwd(shlex.join(step.argv))} > {shlex.quote(relative_to_cwd(str(step.log)))} 2>&1\n")
     todo = [s for s in steps if not done(s)]
     print(f"{plan.table.name} ({plan.table.profile}): {len(steps)} steps, {len(steps) - len(todo)} already done; "
           f"commands in {plan.out / 'commands.sh'}", flush=True)

@@ -2,6 +2,7 @@
 
 import csv
 import shutil
+import sys
 from pathlib import Path
 from typing import Dict
 
@@ -163,6 +164,12 @@ def test_demo_table_in_smoke_profile(smoke_root, capsys):
     assert rows["L0Drop (softmax fine-tuned with gates)"][pruned] not in ("—", "failed")
     assert list((out / "heatmap").glob("*.png"))
     assert (out / "demo.csv").read_text().count("\n") == 1 + 6 * 4
+    # commands.sh names paths under the directory the table ran in relative to it (no machine's directories)
+    commands = (out / "commands.sh").read_text()
+    assert str(Path.cwd().resolve()) + "/" not in commands and "fairseq-train " in commands
+    tools = Path(sys.executable).parent.resolve()  # where the runner finds fairseq-train (a venv's bin/)
+    if tools.is_relative_to(Path.cwd().resolve()):
+        assert f"\n{tools.relative_to(Path.cwd().resolve())}/fairseq-train " in commands
     # a second run finds everything done and only re-reads the results
     again = run_table("demo", smoke_root, capsys)
     assert "already done" in again and "[1/" not in again

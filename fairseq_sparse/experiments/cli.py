@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models-root", default="runs/models",
                    help="trained models, keyed by their training command so tables share them (default: %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", help="override the setting's seeds")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="train this many models at once, the cores shared between them; decoding and analysis "
+                        "still run alone (the others stopped meanwhile) so their speeds are an idle machine's. "
+                        "Training times are then those of a shared machine (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="build and parse every command, run nothing")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing; write the report from the commands that have finished (cells count the seeds that did)")
@@ -46,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     raw = args.raw_data or os.environ.get("RAW_DATA")
     try:
@@ -63,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             plan.out.mkdir(parents=True, exist_ok=True)
             results = collect(plan, finished_only=True)
         else:
-            results = collect(plan, execute(plan, steps))
+            results = collect(plan, execute(plan, steps, args.jobs))
         md = write_report(plan, results)
     except (ConfigError, StepError) as e:
         print(f"tables: error: {e}", file=sys.stderr)

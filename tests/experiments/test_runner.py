@@ -1,0 +1,84 @@
+"""The table runner's --jobs: trainings side by side, everything that measures alone, plan order kept."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from fairseq_sparse import tables
+from fairseq_sparse.experiments.plan import Step
+from fairseq_sparse.experiments.runner import run_side_by_side
+
+# a command that records when it ran and with how many threads: [start, end, OMP_NUM_THREADS]
+RECORD = ("import json, os, sys, time; t = time.time(); time.sleep({sleep}); "
+          "open(sys.argv[1], 'w').write(json.dumps([t, time.time(), os.environ.get('OMP_NUM_THREADS')]))")
+
+
+def step(tmp: Path, name: str, kind: str, code: str, model=None, needs=()) -> Step:
+    output = tmp / (f"{name}.done" if kind == "train" else f"{name}.out")
+    return Step(kind, [sys.executable, "-c", code, str(tmp / f"{name}.json")], output, tmp / f"{name}.log", name,
+                model=model, needs=needs)
+
+
+def record(tmp: Path, name: str):
+    return json.loads((tmp / f"{name}.json").read_text())
+
+
+def model(name: str):
+    return ("data", name, 1)
+
+
+def test_two_trainings_share_the_cores_and_what_needs_a_model_waits_for_it(tmp_path):
+    recording = RECORD + "; open(sys.argv[1][:-5] + '.out', 'w').write('ok')"
+    steps = [step(tmp_path, "a", "train", RECORD.format(sleep=1.0), model("a")),
+             step(tmp_path, "b", "train", RECORD.format(sleep=1.0), model("b")),
+             step(tmp_path, "avg_a", "average", recording.format(sleep=0), model("a"), needs=(model("a"),))]
+    failed = set()
+    run_side_by_side(steps, 2, failed)
+    a, b, avg = (record(tmp_path, n) for n in ("a", "b", "avg_a"))
+    assert failed == set()
+    assert a[0] < b[1] and b[0] < a[1], "the two trainings did not overlap"
+    assert avg[0] >= a[1], "the averaging started before its training ended"
+    threads = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert a[2] == b[2] == avg[2] == threads
+
+
+def test_a_measured_step_runs_alone_while_the_trainings_are_stopped(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the user's setting: what a step that runs alone keeps
+    counter = tmp_path / "count"
+    # a training that counts as it runs; the decode reads the count twice, half a second apart
+    counting = (f"import os, time\nfor i in range(60):\n    open('{counter}.tmp', 'w').write(str(i))\n"
+                f"    os.replace('{counter}.tmp', '{counter}')\n    time.sleep(0.05)\n")
+    reading = (f"import json, os, sys, time; c = open('{counter}').read(); time.sleep(0.5); "
+               f"c2 = open('{counter}').read(); out = json.dumps([c, c2, os.environ.get('OMP_NUM_THREADS')]); "
+               "open(sys.argv[1], 'w').write(out); open(sys.argv[1][:-5] + '.out', 'w').write(out)")
+    steps = [step(tmp_path, "counting", "train", counting, model("c")),
+             step(tmp_path, "short", "train", RECORD.format(sleep=0.3), model("s")),
+             step(tmp_path, "decode", "generate", reading, needs=(model("s"),))]
+    run_side_by_side(steps, 2, set())
+    before, after, threads = record(tmp_path, "decode")
+    assert before == after, "the training went on while the decode was being measured"
+    assert int(counter.read_text()) == 59, "the stopped training was not resumed"
+    assert threads == "7", "the decode did not run with the user's threads"
+
+
+def test_a_failed_training_skips_what_needs_it_and_the_others_go_on(tmp_path, capsys):
+    steps = [step(tmp_path, "bad", "train", "raise SystemExit(3)", model("bad")),
+             step(tmp_path, "finetune", "train", RECORD.format(sleep=0), model("ft"), needs=(model("bad"),)),
+             step(tmp_path, "avg_ft", "average", RECORD.format(sleep=0), model("ft"), needs=(model("ft"),)),
+             step(tmp_path, "good", "train", RECORD.format(sleep=0.2), model("good"))]
+    failed = set()
+    run_side_by_side(steps, 2, failed)
+    assert failed == {model("bad"), model("ft")}
+    assert (tmp_path / "good.done").is_file()
+    assert not (tmp_path / "finetune.json").exists() and not (tmp_path / "avg_ft.json").exists()
+    printed = capsys.readouterr().out
+    assert "FAILED: bad failed (exit status 3)" in printed and "skip avg_ft: ft failed" in printed
+
+
+def test_jobs_below_one_is_one_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        tables.main(["demo", "--jobs", "0", "--dry-run"])
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err

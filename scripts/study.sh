@@ -8,6 +8,8 @@
 #   bash scripts/study.sh                # train, decode, analyse; tables under runs/tables/study_*/paper
 #   bash scripts/study.sh --report-only  # tables (Markdown, CSV, PNG) from the finished steps
 #   TABLES="study_de_en" bash scripts/study.sh   # one table only
+#   JOBS=1 bash scripts/study.sh         # one training at a time (default 2: two trainings side by side,
+#                                        # the cores split between them; decodes still run alone)
 # Each table's Markdown, CSV and plots are copied to results/study/ (committed; runs/ is not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +17,7 @@ bash scripts/setup-env.sh
 # results/study/ keeps each table's Markdown, CSV and plots for the repository (runs/ is not committed)
 mkdir -p results/study
 for table in ${TABLES:-study_de_en study_sweeps study_fr_en}; do
-    .venv/bin/python -m fairseq_sparse.tables "$table" --profile paper "$@" || status=$?
+    .venv/bin/python -m fairseq_sparse.tables "$table" --profile paper --jobs "${JOBS:-2}" "$@" || status=$?
     out=runs/tables/$table/paper
     if [ -f "$out/$table.md" ]; then
         cp "$out/$table.md" "$out/$table.csv" results/study/

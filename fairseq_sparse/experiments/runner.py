@@ -85,8 +85,9 @@ def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine
     prefix = f"  [{index}] " if machine else "      "
     start = time.time()
     # a training run cut short resumes from its checkpoint_last.pt (fairseq's default): keep its log's
-    # earlier epochs (validation losses, wall time) by appending
-    with open(step.log, "a" if step.kind == "train" else "w", encoding="utf-8") as log:
+    # earlier epochs (validation losses, wall time) by appending. Line-buffered: a run killed with the
+    # machine (the study between sittings) otherwise loses its last few kB, an epoch's validation line
+    with open(step.log, "a" if step.kind == "train" else "w", buffering=1, encoding="utf-8") as log:
         if machine:
             proc = machine.launch(step.argv)
         else:

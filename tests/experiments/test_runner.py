@@ -9,7 +9,7 @@ import pytest
 
 from fairseq_sparse import tables
 from fairseq_sparse.experiments.plan import Step
-from fairseq_sparse.experiments.runner import run_side_by_side
+from fairseq_sparse.experiments.runner import run_side_by_side, run_step
 
 # a command that records when it ran and with how many threads: [start, end, OMP_NUM_THREADS]
 RECORD = ("import json, os, sys, time; t = time.time(); time.sleep({sleep}); "
@@ -82,3 +82,12 @@ def test_jobs_below_one_is_one_clear_error(capsys):
     with pytest.raises(SystemExit):
         tables.main(["demo", "--jobs", "0", "--dry-run"])
     assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_each_line_is_in_the_log_while_the_command_still_runs(tmp_path):
+    # what a run killed mid-way (the study between sittings) keeps: every line it has printed
+    log = tmp_path / "train.log"
+    code = (f"import time; print('| valid | epoch 001 | loss 7.9', flush=True); time.sleep(1); "
+            f"assert 'epoch 001' in open('{log}').read(), 'not yet in the log'")
+    run_step(Step("train", [sys.executable, "-c", code], tmp_path / "train.done", log, "t", model=model("t")), 1, 1)
+    assert (tmp_path / "train.done").is_file()

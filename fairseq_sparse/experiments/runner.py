@@ -143,21 +143,32 @@ def execute(plan: Plan, steps: List[Step], jobs: int = 1) -> set:
         run_side_by_side(todo, jobs, failed)
         return failed
     for i, step in enumerate(todo, 1):
-        blocked = [m for m in step.needs if m in failed]
-        if blocked:
-            print(f"[{i}/{len(todo)}] skip {step.label}: {blocked[0][1]} failed", flush=True)
-            if step.model:  # and what needs this model in turn
-                failed.add(step.model)
-            continue
-        try:
-            run_step(step, i, len(todo))
-        except StepError as e:
-            if step.kind == "prep":
-                raise
-            print(f"      FAILED: {e}", flush=True)
-            if step.model:
-                failed.add(step.model)
+        if not skipped(step, i, len(todo), failed):
+            run_or_record_failure(step, i, len(todo), failed)
     return failed
+
+
+def skipped(step: Step, index: int, total: int, failed: set) -> bool:
+    """Whether a model the step needs failed to train; then the step's own model counts as failed too."""
+    blocked = [m for m in step.needs if m in failed]
+    if blocked:
+        print(f"[{index}/{total}] skip {step.label}: {blocked[0][1]} failed", flush=True)
+        if step.model:  # and what needs this model in turn is skipped
+            failed.add(step.model)
+    return bool(blocked)
+
+
+def run_or_record_failure(step: Step, index: int, total: int, failed: set, machine: Optional["SharedMachine"] = None) -> None:
+    """``run_step``; a failure is printed and its model added to ``failed`` (a failed data preparation
+    stops everything)."""
+    try:
+        run_step(step, index, total, machine)
+    except StepError as e:
+        if step.kind == "prep":
+            raise
+        print(f"{f'  [{index}] ' if machine else '      '}FAILED: {e}", flush=True)
+        if step.model:
+            failed.add(step.model)
 
 
 SIDE_BY_SIDE = ("train", "average")  # steps that may share the machine; the others measure something
@@ -184,33 +195,21 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set) -> None:
     with ThreadPoolExecutor(jobs) as pool:
         while pending or running:
             for future in [f for f in running if f.done()]:
-                i, step = running.pop(future)
-                try:
-                    future.result()
-                except StepError as e:
-                    print(f"  [{i}] FAILED: {e}", flush=True)
-                    failed.add(step.model)
+                running.pop(future)
+                future.result()  # a failure was recorded; anything else is a bug: raise it
             started = True
             while started:  # until nothing more can start now
                 started = False
                 for position, (i, step) in enumerate(pending):
-                    blocked = [m for m in step.needs if m in failed]
-                    if blocked:
-                        print(f"[{i}/{len(todo)}] skip {step.label}: {blocked[0][1]} failed", flush=True)
-                        if step.model:
-                            failed.add(step.model)
+                    if skipped(step, i, len(todo), failed):
+                        pass
                     elif not ready(position, step):
                         continue
                     elif step.kind not in SIDE_BY_SIDE:
                         with machine.alone():
-                            try:
-                                run_step(step, i, len(todo))
-                            except StepError as e:
-                                if step.kind == "prep":
-                                    raise
-                                print(f"      FAILED: {e}", flush=True)
+                            run_or_record_failure(step, i, len(todo), failed)
                     elif len(running) < jobs:
-                        running[pool.submit(run_step, step, i, len(todo), machine)] = (i, step)
+                        running[pool.submit(run_or_record_failure, step, i, len(todo), failed, machine)] = (i, step)
                     else:
                         continue
                     pending.pop(position)

@@ -4,12 +4,13 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from fairseq_sparse import tables
 from fairseq_sparse.experiments.plan import Step
-from fairseq_sparse.experiments.runner import run_side_by_side, run_step
+from fairseq_sparse.experiments.runner import execute, run_side_by_side, run_step
 
 # a command that records when it ran and with how many threads: [start, end, OMP_NUM_THREADS]
 RECORD = ("import json, os, sys, time; t = time.time(); time.sleep({sleep}); "
@@ -64,18 +65,19 @@ def test_a_measured_step_runs_alone_while_the_trainings_are_stopped(tmp_path, mo
     assert threads == "7", "the decode did not run with the user's threads"
 
 
-def test_a_failed_training_skips_what_needs_it_and_the_others_go_on(tmp_path, capsys):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_failed_training_skips_what_needs_it_and_the_others_go_on(tmp_path, capsys, jobs):
     steps = [step(tmp_path, "bad", "train", "raise SystemExit(3)", model("bad")),
              step(tmp_path, "finetune", "train", RECORD.format(sleep=0), model("ft"), needs=(model("bad"),)),
              step(tmp_path, "avg_ft", "average", RECORD.format(sleep=0), model("ft"), needs=(model("ft"),)),
              step(tmp_path, "good", "train", RECORD.format(sleep=0.2), model("good"))]
-    failed = set()
-    run_side_by_side(steps, 2, failed)
-    assert failed == {model("bad"), model("ft")}
+    plan = SimpleNamespace(out=tmp_path / "table", table=SimpleNamespace(name="t", profile="smoke"))
+    assert execute(plan, steps, jobs) == {model("bad"), model("ft")}
     assert (tmp_path / "good.done").is_file()
     assert not (tmp_path / "finetune.json").exists() and not (tmp_path / "avg_ft.json").exists()
     printed = capsys.readouterr().out
     assert "FAILED: bad failed (exit status 3)" in printed and "skip avg_ft: ft failed" in printed
+    assert "good" in (plan.out / "commands.sh").read_text()
 
 
 def test_jobs_below_one_is_one_clear_error(capsys):

@@ -75,6 +75,30 @@ class SharedMachine:
                 self._paused = False
                 self._resumed.notify_all()
 
+    def stop_all(self) -> None:
+        """End every running command, stopped ones included (they would otherwise outlive the runner)."""
+        with self._resumed:
+            for proc in self._running:
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+
+
+@contextmanager
+def sigterm_as_exit():
+    """`kill RUNNER` unwinds like Ctrl-C, so the commands it started end with it instead of running on
+    (or staying stopped) without it."""
+    def exit_(signum, frame):
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, exit_)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
 
 def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine] = None) -> float:
     """Run one command, streaming its log to a file and its progress lines to the console
@@ -98,6 +122,9 @@ def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine
                 if PROGRESS.search(line):  # drop fairseq's "date time | INFO | logger |" prefix
                     print(f"{prefix}{line.rstrip().split(' | ')[-1][:200]}", flush=True)
             status = proc.wait()
+        except BaseException:  # the runner interrupted (Ctrl-C, kill): leave no command behind
+            proc.terminate()
+            raise
         finally:
             if machine:
                 machine.finished(proc)
@@ -139,12 +166,13 @@ def execute(plan: Plan, steps: List[Step], jobs: int = 1) -> set:
     print(f"{plan.table.name} ({plan.table.profile}): {len(steps)} steps, {len(steps) - len(todo)} already done; "
           f"commands in {plan.out / 'commands.sh'}", flush=True)
     failed: set = set()
-    if jobs > 1:
-        run_side_by_side(todo, jobs, failed)
-        return failed
-    for i, step in enumerate(todo, 1):
-        if not skipped(step, i, len(todo), failed):
-            run_or_record_failure(step, i, len(todo), failed)
+    with sigterm_as_exit():
+        if jobs > 1:
+            run_side_by_side(todo, jobs, failed)
+            return failed
+        for i, step in enumerate(todo, 1):
+            if not skipped(step, i, len(todo), failed):
+                run_or_record_failure(step, i, len(todo), failed)
     return failed
 
 
@@ -192,11 +220,12 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set) -> None:
         earlier = [s for i, s in pending[:position]] + [s for _, s in running.values()]
         return not any(s.kind == "prep" or (s.model and s.model in step.needs and s is not step) for s in earlier)
 
-    with ThreadPoolExecutor(jobs) as pool:
+    pool = ThreadPoolExecutor(jobs)
+    try:
         while pending or running:
             for future in [f for f in running if f.done()]:
                 running.pop(future)
-                future.result()  # a failure was recorded; anything else is a bug: raise it
+                future.result()  # a failed command was recorded; anything else is a bug: raise it
             started = True
             while started:  # until nothing more can start now
                 started = False
@@ -217,6 +246,11 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set) -> None:
                     break
             if running:
                 wait(running, return_when=FIRST_COMPLETED)
+    except BaseException:  # interrupted (Ctrl-C, kill: sigterm_as_exit): end what runs beside
+        machine.stop_all()
+        raise
+    finally:
+        pool.shutdown()  # after stop_all its threads end as soon as their commands do
 
 
 # ----------------------------------------------------------------------------- dry run

@@ -2,7 +2,9 @@
 
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -93,3 +95,58 @@ def test_each_line_is_in_the_log_while_the_command_still_runs(tmp_path):
             f"assert 'epoch 001' in open('{log}').read(), 'not yet in the log'")
     run_step(Step("train", [sys.executable, "-c", code], tmp_path / "train.done", log, "t", model=model("t")), 1, 1)
     assert (tmp_path / "train.done").is_file()
+
+
+RUNNER = """
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from fairseq_sparse.experiments.plan import Step
+from fairseq_sparse.experiments.runner import execute
+
+tmp, jobs = Path(sys.argv[1]), int(sys.argv[2])
+
+
+def sleeper(name, seconds):
+    code = f"import os, time; open('{tmp}/{name}.pid', 'w').write(str(os.getpid())); time.sleep({seconds})"
+    return [sys.executable, "-c", code]
+
+
+steps = [Step("train", sleeper("long", 120), tmp / "long.done", tmp / "long.log", "long", model=("d", "long", 1)),
+         Step("train", sleeper("short", 0), tmp / "short.done", tmp / "short.log", "short", model=("d", "short", 1)),
+         Step("generate", sleeper("decode", 120), tmp / "decode.out", tmp / "decode.log", "decode", needs=(("d", "short", 1),))]
+execute(SimpleNamespace(out=tmp / "table", table=SimpleNamespace(name="t", profile="smoke")), steps, jobs)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:  # a zombie (ended, not yet reaped by whoever adopted it) counts as ended
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("jobs, waits_for", [(1, ["long"]), (2, ["long", "decode"])])
+def test_killing_the_runner_ends_every_command_it_started(tmp_path, jobs, waits_for):
+    # with --jobs 2 it is killed while the decode runs alone and the long training is stopped (SIGSTOP)
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path), str(jobs)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: all((tmp_path / f"{n}.pid").exists() for n in waits_for), 120), "commands did not start"
+        time.sleep(0.3)
+        pids = [int((tmp_path / f"{n}.pid").read_text()) for n in waits_for]
+        assert all(alive(pid) for pid in pids)
+        runner.terminate()
+        assert runner.wait(timeout=30) != 0
+        assert wait_for(lambda: not any(alive(pid) for pid in pids), 10), "a command outlived the runner"
+    finally:
+        runner.kill()

@@ -33,18 +33,19 @@ class Measure:
     relative: bool = False  # against the column's ``baseline`` row
     digits: int = 2
     signed: bool = False  # printed with its sign (a difference)
+    timed: bool = False  # read from the training's clock: a run beside others (--jobs) changes it
 
 
 MEASURES: Dict[str, Measure] = {}
 
 
-def register(name: str, source: str, relative: bool = False, digits: int = 2, signed: bool = False):
+def register(name: str, source: str, relative: bool = False, digits: int = 2, signed: bool = False, timed: bool = False):
     """Decorator: register ``fn`` as the measure ``name``."""
     if source not in SOURCES:
         raise ValueError(f"measure {name}: source must be one of {SOURCES}, got {source!r}")
 
     def add(fn: Value) -> Value:
-        MEASURES[name] = Measure(name, source, fn, relative, digits, signed)
+        MEASURES[name] = Measure(name, source, fn, relative, digits, signed, timed)
         return fn
 
     return add
@@ -148,6 +149,15 @@ def training_seconds(log: Path) -> float:
     return sum(ends) + walls[-1]
 
 
+# the table runner's line in the log of a training it ran beside others (--jobs)
+SIDE_BY_SIDE_MARK = "fairseq_sparse.tables: this leg trained side by side with other jobs"
+
+
+def trained_side_by_side(log: Path) -> bool:
+    """Whether any leg of the run shared the machine with other trainings (its clock then ran slower)."""
+    return log.is_file() and SIDE_BY_SIDE_MARK in log.read_text(encoding="utf-8", errors="replace")
+
+
 def best_valid_loss(log: Path) -> float:
     """The lowest validation loss (base 2, fairseq's) of a training run."""
     return min(logged_values(log, VALID_LOSS, "no validation line (training ran with --disable-validation?)"))
@@ -220,7 +230,7 @@ def decode_token_speedup(plan, ds, row, col, seed, signatures):
     return decode_tokens_per_second(_generated(plan, ds, row, col, seed)) / decode_tokens_per_second(_baseline_generated(plan, ds, col, seed))
 
 
-@register("train_speedup", "train_log", relative=True)
+@register("train_speedup", "train_log", relative=True, timed=True)
 def train_speedup(plan, ds, row, col, seed, signatures):
     baseline = train_words_per_second(_train_log(plan, ds, plan.table.row(col.baseline), seed))
     return train_words_per_second(_train_log(plan, ds, row, seed)) / baseline
@@ -236,7 +246,7 @@ def epochs(plan, ds, row, col, seed, signatures):
     return trained_epochs(_train_log(plan, ds, row, seed))
 
 
-@register("train_minutes", "train_log", digits=0)
+@register("train_minutes", "train_log", digits=0, timed=True)
 def train_minutes(plan, ds, row, col, seed, signatures):
     return training_seconds(_train_log(plan, ds, row, seed)) / 60
 

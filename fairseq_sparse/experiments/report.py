@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from fairseq_sparse.experiments.errors import StepError
-from fairseq_sparse.experiments.measures import MEASURES
+from fairseq_sparse.experiments.measures import MEASURES, trained_side_by_side
 from fairseq_sparse.experiments.plan import Plan, Step
 from fairseq_sparse.experiments.runner import done, relative_to_cwd
 from fairseq_sparse.experiments.schema import Column, Dataset, Row
@@ -90,6 +90,19 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False) 
     return results
 
 
+def side_by_side_trainings(plan: Plan) -> List[str]:
+    """"row seed N" of each model trained beside others, where a column reads the training's clock."""
+    table, shared = plan.table, []
+    for col in [c for c in table.columns if MEASURES[c.measure].timed]:
+        ds = table.datasets[col.dataset]
+        for row in [r for r in table.rows if plan.applies(ds, r)]:
+            for seed in plan.seeds(ds):
+                name = f"{plan.trained_row(row).id} seed {seed}"
+                if name not in shared and trained_side_by_side(plan.run_dir(ds, row, seed) / "train.log"):
+                    shared.append(name)
+    return shared
+
+
 def write_report(plan: Plan, results: Results) -> Path:
     table = plan.table
     # a "(paper)" column only where some row quotes the paper: tables of our own (demo, study) stay readable
@@ -131,6 +144,10 @@ def write_report(plan: Plan, results: Results) -> Path:
     if table.profile == "smoke":
         notes.insert(0, "- Smoke profile: tiny models after a few updates on Bible data; the numbers only show that "
                         "the pipeline runs, they are not comparable with the paper's.")
+    shared = side_by_side_trainings(plan)
+    if shared:
+        notes.append(f"- Trained side by side with other models (`--jobs`) for all or part of the run: {', '.join(shared)}. "
+                     "Their training times are those of a shared machine, not comparable with those of models trained alone.")
     if notes:
         lines += ["Notes:", *notes, ""]
     if table.notes.strip():

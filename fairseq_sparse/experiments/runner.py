@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from fairseq_sparse.experiments.errors import ConfigError, StepError
+from fairseq_sparse.experiments.measures import SIDE_BY_SIDE_MARK
 from fairseq_sparse.experiments.plan import Plan, Step
 
 
@@ -113,6 +114,8 @@ def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine
     # machine (the study between sittings) otherwise loses its last few kB, an epoch's validation line
     with open(step.log, "a" if step.kind == "train" else "w", buffering=1, encoding="utf-8") as log:
         if machine:
+            if step.kind == "train":  # the report says which training times are a shared machine's
+                log.write(f"{SIDE_BY_SIDE_MARK} (OMP_NUM_THREADS={machine.env['OMP_NUM_THREADS']})\n")
             proc = machine.launch(step.argv)
         else:
             proc = subprocess.Popen(step.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from fairseq_sparse import tables
+from fairseq_sparse.experiments.measures import trained_side_by_side
 from fairseq_sparse.experiments.plan import Step
 from fairseq_sparse.experiments.runner import execute, run_side_by_side, run_step
 
@@ -46,6 +47,7 @@ def test_two_trainings_share_the_cores_and_what_needs_a_model_waits_for_it(tmp_p
     assert avg[0] >= a[1], "the averaging started before its training ended"
     threads = str(max(1, len(os.sched_getaffinity(0)) // 2))
     assert a[2] == b[2] == avg[2] == threads
+    assert trained_side_by_side(tmp_path / "a.log") and not trained_side_by_side(tmp_path / "avg_a.log")
 
 
 def test_a_measured_step_runs_alone_while_the_trainings_are_stopped(tmp_path, monkeypatch):
@@ -80,6 +82,7 @@ def test_a_failed_training_skips_what_needs_it_and_the_others_go_on(tmp_path, ca
     printed = capsys.readouterr().out
     assert "FAILED: bad failed (exit status 3)" in printed and "skip avg_ft: ft failed" in printed
     assert "good" in (plan.out / "commands.sh").read_text()
+    assert trained_side_by_side(tmp_path / "good.log") == (jobs > 1)
 
 
 def test_jobs_below_one_is_one_clear_error(capsys):
@@ -97,23 +100,26 @@ def test_each_line_is_in_the_log_while_the_command_still_runs(tmp_path):
     assert (tmp_path / "train.done").is_file()
 
 
-RUNNER = """
+RUNNER = r"""
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from fairseq_sparse.experiments.measures import trained_side_by_side
 from fairseq_sparse.experiments.plan import Step
 from fairseq_sparse.experiments.runner import execute
 
 tmp, jobs = Path(sys.argv[1]), int(sys.argv[2])
 
 
-def sleeper(name, seconds):
-    code = f"import os, time; open('{tmp}/{name}.pid', 'w').write(str(os.getpid())); time.sleep({seconds})"
+def sleeper(name, seconds, after=None):
+    wait = f"while not os.path.exists('{tmp}/{after}.pid'): time.sleep(0.05)\n" if after else ""
+    code = f"import os, time\n{wait}open('{tmp}/{name}.pid', 'w').write(str(os.getpid()))\ntime.sleep({seconds})"
     return [sys.executable, "-c", code]
 
 
+# the short training ends once the long one has started, then the decode stops the long one
 steps = [Step("train", sleeper("long", 120), tmp / "long.done", tmp / "long.log", "long", model=("d", "long", 1)),
-         Step("train", sleeper("short", 0), tmp / "short.done", tmp / "short.log", "short", model=("d", "short", 1)),
+         Step("train", sleeper("short", 0, after="long"), tmp / "short.done", tmp / "short.log", "short", model=("d", "short", 1)),
          Step("generate", sleeper("decode", 120), tmp / "decode.out", tmp / "decode.log", "decode", needs=(("d", "short", 1),))]
 execute(SimpleNamespace(out=tmp / "table", table=SimpleNamespace(name="t", profile="smoke")), steps, jobs)
 """
@@ -148,5 +154,7 @@ def test_killing_the_runner_ends_every_command_it_started(tmp_path, jobs, waits_
         runner.terminate()
         assert runner.wait(timeout=30) != 0
         assert wait_for(lambda: not any(alive(pid) for pid in pids), 10), "a command outlived the runner"
-    finally:
-        runner.kill()
+    finally:  # on a failure above: still leave nothing behind
+        if runner.poll() is None:
+            runner.terminate()
+            runner.wait(timeout=30)

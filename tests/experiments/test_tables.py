@@ -253,3 +253,22 @@ def test_training_time_adds_the_legs_of_a_resumed_run(tmp_path):
                    "epoch 002: loss=8, train_wall=2, wall=20\n| valid | epoch 002 | valid on 'valid' subset | loss 6.25 | x\n"
                    "end of epoch 2\n| train | epoch 002 | wall 90\n")
     assert training_seconds(log) == 190 and trained_epochs(log) == 2 and best_valid_loss(log) == 6.25
+
+
+def test_report_names_the_models_whose_training_time_is_a_shared_machines(configs, tmp_path):
+    from fairseq_sparse.experiments.measures import SIDE_BY_SIDE_MARK, training_seconds
+    from fairseq_sparse.experiments.report import side_by_side_trainings
+
+    timed = GOOD.replace("measure: bleu}]", "measure: bleu}, {id: min, label: m, dataset: iwslt14_de_en, measure: train_minutes}]")
+    plan = tables.Plan(load_table(write_table(configs, timed), "smoke", configs), tmp_path / "t", tmp_path / "data", None,
+                       models_root=tmp_path / "models")
+    ds, a = plan.table.datasets["iwslt14_de_en"], plan.table.row("a")
+    assert side_by_side_trainings(plan) == []
+    log = plan.run_dir(ds, a, 1) / "train.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(f"epoch 001: wall=50\n{SIDE_BY_SIDE_MARK} (OMP_NUM_THREADS=1)\nepoch 002: wall=20\n")
+    assert side_by_side_trainings(plan) == ["a seed 1"]  # row b reuses a's model: named once
+    assert training_seconds(log) == 70  # the mark is not read as a time
+    untimed = tables.Plan(load_table(write_table(configs, GOOD), "smoke", configs), tmp_path / "t", tmp_path / "data", None,
+                          models_root=tmp_path / "models")
+    assert side_by_side_trainings(untimed) == []  # no column reads the clock: nothing to say

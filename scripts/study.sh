@@ -23,6 +23,7 @@ for table in ${TABLES:-study_de_en study_sweeps study_fr_en}; do
         cp "$out/$table.md" "$out/$table.csv" results/study/
         [ -f "$out/commands.sh" ] && cp "$out/commands.sh" "results/study/$table.commands.sh"
         [ -f "$out/$table.png" ] && cp "$out/$table.png" results/study/
+        [ -f "$out/$table.curves.png" ] && cp "$out/$table.curves.png" "$out/$table.curves.csv" results/study/
         [ -d "$out/heatmap" ] && mkdir -p "results/study/heatmap" && cp "$out"/heatmap/*.png results/study/heatmap/ 2>/dev/null || true
     fi
 done

@@ -124,6 +124,7 @@ def trained_params(log: Path) -> int:
 
 
 VALID_LOSS = re.compile(r"\| valid on 'valid' subset \| loss ([\d.]+)")
+EPOCH_VALID_LOSS = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)")
 EPOCH_DONE = re.compile(r"end of epoch (\d+)")
 WALL = re.compile(r"\bwall[= ](\d+(?:\.\d+)?)")  # not train_wall
 
@@ -156,6 +157,14 @@ SIDE_BY_SIDE_MARK = "fairseq_sparse.tables: this leg trained side by side with o
 def trained_side_by_side(log: Path) -> bool:
     """Whether any leg of the run shared the machine with other trainings (its clock then ran slower)."""
     return log.is_file() and SIDE_BY_SIDE_MARK in log.read_text(encoding="utf-8", errors="replace")
+
+
+def valid_loss_per_epoch(log: Path) -> Dict[int, float]:
+    """{epoch: validation loss} of a training run ({} without validation); an epoch logged twice (a
+    leg killed between validating and saving, run again) keeps its last value."""
+    if not log.is_file():
+        return {}
+    return {int(m.group(1)): float(m.group(2)) for m in EPOCH_VALID_LOSS.finditer(log.read_text(encoding="utf-8", errors="replace"))}
 
 
 def best_valid_loss(log: Path) -> float:

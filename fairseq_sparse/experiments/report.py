@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from fairseq_sparse.experiments.errors import StepError
-from fairseq_sparse.experiments.measures import MEASURES, trained_side_by_side
+from fairseq_sparse.experiments.measures import MEASURES, trained_side_by_side, valid_loss_per_epoch
 from fairseq_sparse.experiments.plan import Plan, Step
 from fairseq_sparse.experiments.runner import done, relative_to_cwd
 from fairseq_sparse.experiments.schema import Column, Dataset, Row
@@ -160,11 +160,57 @@ def write_report(plan: Plan, results: Results) -> Path:
         writer.writerows(records)
     if table.plot:
         write_plot(plan, results)
+    if table.curves and write_curves(plan):
+        with open(md, "a", encoding="utf-8") as f:
+            f.write(f"Validation loss per epoch of every model: ![curves]({table.name}.curves.png) "
+                    f"(numbers: `{table.name}.curves.csv`).\n\n")
     if table.heatmap and (plan.out / "heatmap" / "heatmap.md").is_file():
         pngs = sorted((plan.out / "heatmap").glob("*.png"))
         with open(md, "a", encoding="utf-8") as f:
             f.write("Attention heatmaps: " + ", ".join(f"![{p.name}](heatmap/{p.name})" for p in pngs) + "\n")
     return md
+
+
+def write_curves(plan: Plan) -> Optional[Path]:
+    """NAME.curves.png and .csv: each trained model's validation loss per epoch (what shows a run
+    converged), one colour per row, one line style per seed; None if no model has validated yet."""
+    table, records, seen = plan.table, [], set()
+    for ds in [table.datasets[i] for i in dict.fromkeys(c.dataset for c in table.columns)]:
+        for row in [r for r in table.rows if plan.applies(ds, r)]:
+            for seed in plan.seeds(ds):
+                run = plan.run_dir(ds, row, seed)
+                if run in seen:  # a row that reuses another's model
+                    continue
+                seen.add(run)
+                records += [{"dataset": ds.id, "row": plan.trained_row(row).id, "seed": seed, "epoch": epoch, "valid_loss": loss}
+                            for epoch, loss in sorted(valid_loss_per_epoch(run / "train.log").items())]
+    if not records:
+        return None
+    with open(plan.out / f"{table.name}.curves.csv", "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = list(dict.fromkeys(r["row"] for r in records))
+    seeds = sorted({r["seed"] for r in records})
+    for key in dict.fromkeys((r["dataset"], r["row"], r["seed"]) for r in records):
+        points = [(r["epoch"], r["valid_loss"]) for r in records if (r["dataset"], r["row"], r["seed"]) == key]
+        ax.plot(*zip(*points), color=f"C{rows.index(key[1]) % 10}", linestyle=["-", "--", ":", "-."][seeds.index(key[2]) % 4],
+                label=f"{key[1]} (seed {key[2]})" + (f", {key[0]}" if len(table.datasets) > 1 else ""))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation loss (base 2)")
+    ax.set_title(table.name, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    png = plan.out / f"{table.name}.curves.png"
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png
 
 
 def write_plot(plan: Plan, results: Results) -> Path:

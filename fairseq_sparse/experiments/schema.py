@@ -97,6 +97,7 @@ class Table:
     path: Path
     heatmap: Optional[dict] = None
     settings: Dict[str, dict] = field(default_factory=dict)
+    curves: bool = False  # the report plots each model's validation loss per epoch (training to convergence)
 
     def row(self, row_id: str) -> Row:
         return next(r for r in self.rows if r.id == row_id)
@@ -213,6 +214,9 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
                 raise ConfigError(f"{path}: plot y {line.get('y')!r} is not a column")
             if line.get("x", "row") != "row" and line["x"] not in column_ids:
                 raise ConfigError(f"{path}: plot x {line['x']!r} is neither 'row' nor a column")
+    curves = spec.get("curves", False)
+    if not isinstance(curves, bool):
+        raise ConfigError(f"{path}: curves must be true or false, got {curves!r}")
     heatmap = spec.get("heatmap")
     if heatmap:
         unknown = set(heatmap) - {"rows", "dataset", "sentences", "sublayer", "layer", "head", "split"}
@@ -222,6 +226,6 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
             raise ConfigError(f"{path}: heatmap needs 'dataset' (one of the table's) and 'rows' (row ids)")
     return Table(name=spec["name"], title=spec["title"], source=spec.get("source", ""), notes=spec.get("notes", "") or "",
                  profile=profile, datasets=datasets, columns=columns, rows=rows, smoke=smoke, plot=plot, path=path,
-                 settings=settings, heatmap=heatmap)
+                 settings=settings, heatmap=heatmap, curves=curves)
 
 

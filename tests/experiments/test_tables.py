@@ -272,3 +272,24 @@ def test_report_names_the_models_whose_training_time_is_a_shared_machines(config
     untimed = tables.Plan(load_table(write_table(configs, GOOD), "smoke", configs), tmp_path / "t", tmp_path / "data", None,
                           models_root=tmp_path / "models")
     assert side_by_side_trainings(untimed) == []  # no column reads the clock: nothing to say
+
+
+def test_curves_plot_every_models_validation_loss_per_epoch(configs, tmp_path):
+    from fairseq_sparse.experiments.report import write_curves
+
+    plan = tables.Plan(load_table(write_table(configs, GOOD + "curves: true\n"), "smoke", configs), tmp_path / "t",
+                       tmp_path / "data", None, seeds=[1, 2], models_root=tmp_path / "models")
+    plan.out.mkdir()
+    assert plan.table.curves and write_curves(plan) is None  # nothing has validated yet
+    ds, a = plan.table.datasets["iwslt14_de_en"], plan.table.row("a")
+    log = plan.run_dir(ds, a, 1) / "train.log"
+    log.parent.mkdir(parents=True)
+    # a resumed run logs epoch 2 twice (killed after validating, before saving): the last one counts
+    log.write_text("".join(f"epoch {e:03d} | valid on 'valid' subset | loss {v} | nll_loss 1\n"
+                           for e, v in [(1, 7.5), (2, 6.25), (2, 6.0), (3, 5.5)]))
+    assert write_curves(plan) == plan.out / "t.curves.png" and (plan.out / "t.curves.png").stat().st_size > 0
+    with open(plan.out / "t.curves.csv", encoding="utf-8") as f:  # row b reuses a's model: once
+        assert [(r["row"], r["seed"], r["epoch"], r["valid_loss"]) for r in csv.DictReader(f)] == [
+            ("a", "1", "1", "7.5"), ("a", "1", "2", "6.0"), ("a", "1", "3", "5.5")]
+    with pytest.raises(ConfigError, match="curves must be true or false"):
+        load_table(write_table(configs, GOOD + "curves: sometimes\n"), "smoke", configs)

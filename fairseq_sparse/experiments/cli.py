@@ -40,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trained models, keyed by their training command so tables share them (default: %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", help="override the setting's seeds")
     p.add_argument("--jobs", type=int, default=1,
-                   help="train this many models at once, the cores shared between them; decoding and analysis "
-                        "still run alone (the others stopped meanwhile) so their speeds are an idle machine's. "
-                        "Training times are then those of a shared machine (default: %(default)s)")
+                   help="train this many models at once, the cores and the visible GPUs split between them "
+                        "(OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES); decoding and analysis still run alone (the others "
+                        "stopped meanwhile) so their speeds are an idle machine's. Training times are then those "
+                        "of a shared machine (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="build and parse every command, run nothing")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing; write the report from the commands that have finished (cells count the seeds that did)")

@@ -38,26 +38,53 @@ def _tail(path: Path, lines: int = 25) -> str:
 PROGRESS = re.compile(r"\| (train_inner|train|valid) \||Translated \d|averaged \d|binarised data|pairs|sparsity rate")
 
 
-class SharedMachine:
-    """The commands running side by side (``--jobs``), stopped while a measured step has the machine."""
+def visible_gpus() -> List[str]:
+    """The GPUs jobs may be given: those CUDA_VISIBLE_DEVICES names if set, else every one torch sees."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [d.strip() for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    import torch
 
-    def __init__(self, threads: int):
-        # each job gets its share of the cores: two 2-thread trainings on 2 cores run ~7x slower each
-        self.env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        self._running: set = set()
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+class SharedMachine:
+    """The commands running side by side (``--jobs``), stopped while a measured step has the machine.
+
+    Each job slot gets its share of the cores (OMP_NUM_THREADS: two 2-thread trainings on 2 cores run
+    ~7x slower each) and of the GPUs, a contiguous block of them (CUDA_VISIBLE_DEVICES; with more
+    jobs than GPUs, jobs share one)."""
+
+    def __init__(self, jobs: int):
+        self.threads = max(1, len(os.sched_getaffinity(0)) // jobs)
+        gpus = visible_gpus()
+        self._free: List[dict] = []  # one environment per job slot not in use
+        for slot in range(jobs):
+            env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+            if gpus:
+                block = gpus[slot * len(gpus) // jobs:(slot + 1) * len(gpus) // jobs] or [gpus[slot % len(gpus)]]
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(block)
+            self._free.append(env)
+        self._running: Dict[subprocess.Popen, dict] = {}
         self._paused = False
         self._resumed = threading.Condition()
 
     def launch(self, argv: List[str]) -> subprocess.Popen:
         with self._resumed:
-            self._resumed.wait_for(lambda: not self._paused)  # nothing starts while a measured step runs
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env)
-            self._running.add(proc)
+            # nothing starts while a measured step runs; a slot is free (the pool runs at most `jobs`)
+            self._resumed.wait_for(lambda: not self._paused and self._free)
+            env = self._free.pop(0)
+            try:
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            except BaseException:
+                self._free.append(env)
+                raise
+            self._running[proc] = env
             return proc
 
     def finished(self, proc: subprocess.Popen) -> None:
         with self._resumed:
-            self._running.discard(proc)
+            self._free.append(self._running.pop(proc))
+            self._resumed.notify_all()
 
     @contextmanager
     def alone(self):
@@ -115,7 +142,7 @@ def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine
     with open(step.log, "a" if step.kind == "train" else "w", buffering=1, encoding="utf-8") as log:
         if machine:
             if step.kind == "train":  # the report says which training times are a shared machine's
-                log.write(f"{SIDE_BY_SIDE_MARK} (OMP_NUM_THREADS={machine.env['OMP_NUM_THREADS']})\n")
+                log.write(f"{SIDE_BY_SIDE_MARK} (OMP_NUM_THREADS={machine.threads})\n")
             proc = machine.launch(step.argv)
         else:
             proc = subprocess.Popen(step.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -214,7 +241,7 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set) -> None:
     128-d model make 1.45x the updates of one 2-thread training. Training time itself (the
     ``train_minutes`` and ``train_speedup`` columns) is then that of a shared machine.
     """
-    machine = SharedMachine(max(1, len(os.sched_getaffinity(0)) // jobs))
+    machine = SharedMachine(jobs)
     pending = list(enumerate(todo, 1))
     running: Dict[Future, tuple] = {}
 

@@ -15,9 +15,9 @@ from fairseq_sparse.experiments.measures import trained_side_by_side
 from fairseq_sparse.experiments.plan import Step
 from fairseq_sparse.experiments.runner import execute, run_side_by_side, run_step
 
-# a command that records when it ran and with how many threads: [start, end, OMP_NUM_THREADS]
-RECORD = ("import json, os, sys, time; t = time.time(); time.sleep({sleep}); "
-          "open(sys.argv[1], 'w').write(json.dumps([t, time.time(), os.environ.get('OMP_NUM_THREADS')]))")
+# a command that records when it ran, with how many threads and which GPUs: [start, end, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES]
+RECORD = ("import json, os, sys, time; t = time.time(); time.sleep({sleep}); open(sys.argv[1], 'w').write(json.dumps("
+          "[t, time.time(), os.environ.get('OMP_NUM_THREADS'), os.environ.get('CUDA_VISIBLE_DEVICES')]))")
 
 
 def step(tmp: Path, name: str, kind: str, code: str, model=None, needs=()) -> Step:
@@ -34,7 +34,8 @@ def model(name: str):
     return ("data", name, 1)
 
 
-def test_two_trainings_share_the_cores_and_what_needs_a_model_waits_for_it(tmp_path):
+def test_two_trainings_share_the_cores_and_what_needs_a_model_waits_for_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # as on a 4-GPU machine: two GPUs a job
     recording = RECORD + "; open(sys.argv[1][:-5] + '.out', 'w').write('ok')"
     steps = [step(tmp_path, "a", "train", RECORD.format(sleep=1.0), model("a")),
              step(tmp_path, "b", "train", RECORD.format(sleep=1.0), model("b")),
@@ -47,26 +48,29 @@ def test_two_trainings_share_the_cores_and_what_needs_a_model_waits_for_it(tmp_p
     assert avg[0] >= a[1], "the averaging started before its training ended"
     threads = str(max(1, len(os.sched_getaffinity(0)) // 2))
     assert a[2] == b[2] == avg[2] == threads
+    assert {a[3], b[3]} == {"0,1", "2,3"} and avg[3] in ("0,1", "2,3")
     assert trained_side_by_side(tmp_path / "a.log") and not trained_side_by_side(tmp_path / "avg_a.log")
 
 
 def test_a_measured_step_runs_alone_while_the_trainings_are_stopped(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the user's setting: what a step that runs alone keeps
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the user's settings: what a step that runs alone keeps
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     counter = tmp_path / "count"
     # a training that counts as it runs; the decode reads the count twice, half a second apart
     counting = (f"import os, time\nfor i in range(60):\n    open('{counter}.tmp', 'w').write(str(i))\n"
                 f"    os.replace('{counter}.tmp', '{counter}')\n    time.sleep(0.05)\n")
     reading = (f"import json, os, sys, time; c = open('{counter}').read(); time.sleep(0.5); "
-               f"c2 = open('{counter}').read(); out = json.dumps([c, c2, os.environ.get('OMP_NUM_THREADS')]); "
+               f"c2 = open('{counter}').read(); out = json.dumps([c, c2, os.environ.get('OMP_NUM_THREADS'), "
+               "os.environ.get('CUDA_VISIBLE_DEVICES')]); "
                "open(sys.argv[1], 'w').write(out); open(sys.argv[1][:-5] + '.out', 'w').write(out)")
     steps = [step(tmp_path, "counting", "train", counting, model("c")),
              step(tmp_path, "short", "train", RECORD.format(sleep=0.3), model("s")),
              step(tmp_path, "decode", "generate", reading, needs=(model("s"),))]
     run_side_by_side(steps, 2, set())
-    before, after, threads = record(tmp_path, "decode")
+    before, after, threads, gpus = record(tmp_path, "decode")
     assert before == after, "the training went on while the decode was being measured"
     assert int(counter.read_text()) == 59, "the stopped training was not resumed"
-    assert threads == "7", "the decode did not run with the user's threads"
+    assert (threads, gpus) == ("7", "0,1"), "the decode did not run with the user's threads and GPUs"
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
@@ -158,3 +162,12 @@ def test_killing_the_runner_ends_every_command_it_started(tmp_path, jobs, waits_
         if runner.poll() is None:
             runner.terminate()
             runner.wait(timeout=30)
+
+
+def test_more_jobs_than_gpus_share_them_and_no_gpu_means_none_set(monkeypatch):
+    from fairseq_sparse.experiments.runner import SharedMachine
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in SharedMachine(3)._free] == ["4", "4", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert all("CUDA_VISIBLE_DEVICES" not in env or env["CUDA_VISIBLE_DEVICES"] == "" for env in SharedMachine(2)._free)

@@ -171,6 +171,18 @@ def write_report(plan: Plan, results: Results) -> Path:
     return md
 
 
+def pyplot():
+    """matplotlib.pyplot drawing to files, its DEBUG lines off (importing fairseq's models sets the
+    root logger to DEBUG, and the font manager then prints ~130 lines a figure)."""
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # before the import, which logs too
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def write_curves(plan: Plan) -> Optional[Path]:
     """NAME.curves.png and .csv: each trained model's validation loss per epoch (what shows a run
     converged), one colour per row, one line style per seed; None if no model has validated yet."""
@@ -190,11 +202,7 @@ def write_curves(plan: Plan) -> Optional[Path]:
         writer = csv.DictWriter(f, fieldnames=list(records[0]))
         writer.writeheader()
         writer.writerows(records)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     rows = list(dict.fromkeys(r["row"] for r in records))
     seeds = sorted({r["seed"] for r in records})
@@ -214,11 +222,7 @@ def write_curves(plan: Plan) -> Optional[Path]:
 
 
 def write_plot(plan: Plan, results: Results) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     table, spec = plan.table, plan.table.plot
     series = spec.get("series") or [{"x": spec.get("x", "row"), "y": y} for y in spec["y"]]
     fig, ax = plt.subplots(figsize=(5, 3.5))

@@ -35,13 +35,18 @@ def _tail(path: Path, lines: int = 25) -> str:
 PROGRESS = re.compile(r"\| (train_inner|train|valid) \||Translated \d|averaged \d|binarised data|pairs|sparsity rate")
 
 
+def _prefix(index: int, machine: Optional[SharedMachine]) -> str:
+    """Indent of a step's console lines; its number where lines of steps side by side interleave."""
+    return f"  [{index}] " if machine else "      "
+
+
 def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine] = None) -> float:
     """Run one command, streaming its log to a file and its progress lines to the console
     (prefixed with the step's number when ``machine`` runs it beside others)."""
     step.log.parent.mkdir(parents=True, exist_ok=True)
     step.output.parent.mkdir(parents=True, exist_ok=True)
     print(f"[{index}/{total}] {step.label}", flush=True)
-    prefix = f"  [{index}] " if machine else "      "
+    prefix = _prefix(index, machine)
     start = time.time()
     # a training run cut short resumes from its checkpoint_last.pt (fairseq's default): keep its log's
     # earlier epochs (validation losses, wall time) by appending. Line-buffered: a run killed with the
@@ -131,7 +136,7 @@ def run_or_record_failure(step: Step, index: int, total: int, failed: set, machi
     except StepError as e:
         if step.kind == "prep":
             raise
-        print(f"{f'  [{index}] ' if machine else '      '}FAILED: {e}", flush=True)
+        print(f"{_prefix(index, machine)}FAILED: {e}", flush=True)
         if step.model:
             failed.add(step.model)
 
@@ -150,11 +155,11 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set) -> None:
     """
     machine = SharedMachine(jobs)
     pending = list(enumerate(todo, 1))
-    running: Dict[Future, tuple] = {}
+    running: Dict[Future, Step] = {}
 
     def ready(position: int, step: Step) -> bool:
         # what comes before it in the plan and is not finished: data it reads, or a model it needs
-        earlier = [s for i, s in pending[:position]] + [s for _, s in running.values()]
+        earlier = [s for _, s in pending[:position]] + list(running.values())
         return not any(s.kind == "prep" or (s.model and s.model in step.needs and s is not step) for s in earlier)
 
     pool = ThreadPoolExecutor(jobs)
@@ -175,7 +180,7 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set) -> None:
                         with machine.alone():
                             run_or_record_failure(step, i, len(todo), failed)
                     elif len(running) < jobs:
-                        running[pool.submit(run_or_record_failure, step, i, len(todo), failed, machine)] = (i, step)
+                        running[pool.submit(run_or_record_failure, step, i, len(todo), failed, machine)] = step
                     else:
                         continue
                     pending.pop(position)

@@ -33,19 +33,22 @@ def run_sparsity(model, task, args) -> List[dict]:
             for layer in range(w.size(0)):
                 z, t = sparsity.sparsity_counts(w[layer], batch.valid[sub])
                 n, q = sparsity.null_counts(w[layer], batch.valid[sub])
-                counts = torch.stack([z, t, n, q]).double().cpu()
+                p, a = sparsity.peak_share_sums(w[layer], batch.valid[sub])
+                counts = torch.stack([c.double() for c in (z, t, n, q, p, a)]).cpu()
                 acc[(sub, layer)] = acc.get((sub, layer), 0) + counts
     rows = []
-    for (sub, layer), (z, t, n, q) in sorted(acc.items(), key=lambda kv: (SUBLAYERS.index(kv[0][0]), kv[0][1])):
+    for (sub, layer), (z, t, n, q, p, a) in sorted(acc.items(), key=lambda kv: (SUBLAYERS.index(kv[0][0]), kv[0][1])):
         for head in range(len(z)):
             rows.append({"sublayer": sub, "layer": layer, "head": head, "sparsity": float(sparsity.rate(z[head], t[head])),
-                         "null_rate": float(sparsity.rate(n[head], q[head])), "weights": int(t[head]), "queries": int(q[head])})
+                         "null_rate": float(sparsity.rate(n[head], q[head])), "peak_share": float(sparsity.rate(p[head], a[head])),
+                         "weights": int(t[head]), "queries": int(q[head])})
     out = Path(args.out)
     report.write_csv(out / "sparsity.csv", rows)
-    curves = {"sparsity rate": {}, "null rate": {}}
+    curves = {"sparsity rate": {}, "null rate": {}, "peak share": {}}
     text = [f"# Sparsity and null rate\n\ncheckpoint `{args.path}`, split `{args.split}`. Sparsity rate: fraction of "
             "attention weights over valid (unmasked) keys that are exactly 0; null rate: fraction of queries whose "
-            "weights are all 0. Per layer: mean over heads.\n"]
+            "weights are all 0; peak share: the largest weight's share of its query's total weight, over the queries "
+            "that attend (1 for hard retrieval; what decoding with hard retrieval keeps). Per layer: mean over heads.\n"]
     for sub in SUBLAYERS:
         sub_rows = [r for r in rows if r["sublayer"] == sub]
         if not sub_rows:
@@ -56,11 +59,15 @@ def run_sparsity(model, task, args) -> List[dict]:
             heads = [r for r in sub_rows if r["layer"] == layer]
             s = [r["sparsity"] for r in heads]
             n = [r["null_rate"] for r in heads]
-            table.append([layer + 1, sum(s) / len(s), sum(n) / len(n), " ".join(f"{x:.2f}" for x in s), " ".join(f"{x:.2f}" for x in n)])
+            p = [r["peak_share"] for r in heads]
+            table.append([layer + 1, sum(s) / len(s), sum(n) / len(n), sum(p) / len(p),
+                          " ".join(f"{x:.2f}" for x in s), " ".join(f"{x:.2f}" for x in n), " ".join(f"{x:.2f}" for x in p)])
         curves["sparsity rate"][sub] = [row[1] for row in table]
         curves["null rate"][sub] = [row[2] for row in table]
+        curves["peak share"][sub] = [row[3] for row in table]
         text.append(f"## {sub}\n\n" + report.markdown_table(
-            ["layer", "sparsity", "null rate", "sparsity per head", "null rate per head"], table) + "\n")
+            ["layer", "sparsity", "null rate", "peak share", "sparsity per head", "null rate per head",
+             "peak share per head"], table) + "\n")
     (out / "sparsity.md").write_text("\n".join(text), encoding="utf-8")
     report.plot_layer_curves(out / "sparsity.png", curves)
     return rows

@@ -1,4 +1,6 @@
-"""Sparsity rate and null rate of attention weights (ReLA paper, Figures 3 and 6).
+"""Sparsity rate and null rate of attention weights (ReLA paper, Figures 3 and 6), and the peak
+share: how much of a query's attention its single largest weight holds (1 for hard retrieval), which
+says what decoding with hard retrieval throws away (Hard Retrieval Attention, Table 4).
 
 Shapes: weights (H, B, T, S) per-head attention of one sublayer; valid (B, T, S) bool,
 True where query t of sentence b may attend key s (both real tokens, and the causal
@@ -7,6 +9,7 @@ mask allows it). Queries with no valid key (padding) count nowhere.
 
 from typing import Tuple
 
+import torch
 from torch import Tensor
 
 
@@ -32,6 +35,21 @@ def null_counts(weights: Tensor, valid: Tensor) -> Tuple[Tensor, Tensor]:
     nonzero = ((weights != 0) & valid.unsqueeze(0)).any(-1)  # (H, B, T)
     null = (~nonzero & queries.unsqueeze(0)).flatten(1).sum(1)
     return null, queries.sum().expand(weights.size(0)).clone()
+
+
+def peak_share_sums(weights: Tensor, valid: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per head: (sum over attending queries of largest weight / sum of weights, number of
+    attending queries), both (H,).
+
+    Attending: a real query with some weight over valid keys (null and padding queries count
+    nowhere). A share rather than the largest weight itself, so that unnormalised weights (ReLA)
+    are comparable with distributions.
+    """
+    w = weights.float().masked_fill(~valid.unsqueeze(0), 0.0)
+    total, peak = w.sum(-1), w.amax(-1)  # (H, B, T)
+    attending = total > 0
+    shares = torch.where(attending, peak / total.clamp(min=torch.finfo(w.dtype).tiny), torch.zeros_like(total))
+    return shares.flatten(1).sum(1), attending.flatten(1).sum(1)
 
 
 def rate(numerator: Tensor, denominator: Tensor) -> Tensor:

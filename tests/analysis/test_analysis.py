@@ -47,6 +47,22 @@ def test_null_rate_of_an_all_zero_row_is_one_and_padding_queries_do_not_count():
     assert sparsity.rate(null, queries).tolist() == [1.0, 0.0]
 
 
+def test_peak_share_is_the_largest_weights_share_over_attending_queries_only():
+    w = torch.zeros(2, 1, 3, 3)
+    w[0, 0, 0] = torch.tensor([0.5, 0.3, 0.2])  # key 2 masked: 0.5 / (0.5 + 0.3)
+    w[1, 0, 0] = torch.tensor([2.0, 2.0, 9.0])  # unnormalised (ReLA), key 2 masked: 2 / (2 + 2)
+    w[1, 0, 1] = torch.tensor([0.0, 3.0, 0.0])  # one-hot: 1
+    valid = torch.ones(1, 3, 3, dtype=torch.bool)
+    valid[0, 0, 2] = False
+    valid[0, 2] = False  # query 2 is padding; query 1 of head 0 is null
+    w[:, 0, 2] = 1.0
+    shares, attending = sparsity.peak_share_sums(w, valid)
+    assert attending.tolist() == [1, 2]
+    assert sparsity.rate(shares, attending).tolist() == pytest.approx([0.5 / 0.8, (0.5 + 1.0) / 2])
+    shares, attending = sparsity.peak_share_sums(w.half(), valid)
+    assert sparsity.rate(shares, attending).tolist() == pytest.approx([0.5 / 0.8, 0.75], rel=1e-3)
+
+
 # ---------------------------------------------------------------- diversity
 
 def test_js_of_identical_heads_is_zero_and_of_disjoint_one_hots_is_log_h():
@@ -220,6 +236,7 @@ def test_analysis_command_end_to_end(tiny, tmp_path):
     out = tmp_path / "out"
     rows = main(["sparsity", str(data), "--path", str(rela), "--out", str(out), "--cpu"])
     assert len(rows) == 3 * 2 * 2 and all(0.0 <= r["sparsity"] <= 1.0 and 0.0 <= r["null_rate"] <= 1.0 for r in rows)
+    assert all(0.0 <= r["peak_share"] <= 1.0 + 1e-6 for r in rows)
     assert (out / "sparsity.md").read_text().startswith("# Sparsity") and (out / "sparsity.png").stat().st_size > 0
     assert len(_csv(out / "sparsity.csv")) == 12
 

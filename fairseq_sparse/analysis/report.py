@@ -1,6 +1,7 @@
 """Markdown, CSV and PNG output of the analysis commands."""
 
 import csv
+import logging
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -23,7 +24,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     return "\n".join(lines)
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot drawing to files, its DEBUG lines off (importing fairseq's models sets the
+    root logger to DEBUG, and the font manager then prints ~130 lines a figure)."""
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # before the import, which logs too
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,7 +38,7 @@ def _pyplot():
 
 def plot_layer_curves(path: Path, panels: Dict[str, Dict[str, List[float]]], ylabel: str = "") -> None:
     """One panel per title; in each, one curve per label over layers (1-based on the x-axis)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
     for ax, (title, curves) in zip(axes[0], panels.items()):
         for label, values in curves.items():
@@ -49,7 +53,7 @@ def plot_layer_curves(path: Path, panels: Dict[str, Dict[str, List[float]]], yla
 
 
 def plot_histogram(path: Path, values: Sequence[float], edges: Sequence[float], title: str) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.hist(values, bins=list(edges))
     ax.set_xlabel("summed attention per source word")
@@ -62,7 +66,7 @@ def plot_histogram(path: Path, values: Sequence[float], edges: Sequence[float], 
 
 def plot_heatmaps(path: Path, matrices, titles, x_labels, y_labels, suptitle: str) -> None:
     """Side-by-side heatmaps (one per checkpoint) of the same sentence."""
-    plt = _pyplot()
+    plt = pyplot()
     n = len(matrices)
     width = max(4.0, 0.3 * len(x_labels) + 2)
     height = max(3.0, 0.3 * len(y_labels) + 1.5)

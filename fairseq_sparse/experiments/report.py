@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from fairseq_sparse.analysis.report import pyplot
 from fairseq_sparse.experiments.errors import StepError
 from fairseq_sparse.experiments.measures import MEASURES, trained_side_by_side, valid_loss_per_epoch
 from fairseq_sparse.experiments.plan import Plan, Step
@@ -169,18 +170,6 @@ def write_report(plan: Plan, results: Results) -> Path:
         with open(md, "a", encoding="utf-8") as f:
             f.write("Attention heatmaps: " + ", ".join(f"![{p.name}](heatmap/{p.name})" for p in pngs) + "\n")
     return md
-
-
-def pyplot():
-    """matplotlib.pyplot drawing to files, its DEBUG lines off (importing fairseq's models sets the
-    root logger to DEBUG, and the font manager then prints ~130 lines a figure)."""
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # before the import, which logs too
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def write_curves(plan: Plan) -> Optional[Path]:

@@ -16,7 +16,6 @@ from fairseq_sparse.experiments.schema import Column, Dataset, Row, Table
 
 BIN = Path(sys.executable).parent
 USER_DIR = str(Path(__file__).resolve().parent.parent)  # the installed package: fairseq-train --user-dir
-FINETUNE_RESETS = ["--reset-optimizer", "--reset-dataloader", "--reset-meters", "--reset-lr-scheduler"]
 
 
 @dataclass
@@ -96,7 +95,10 @@ class Plan:
         row = self.trained_row(row)
         extra = []
         if row.finetune_from:
-            extra = ["--restore-file", str(self.checkpoint(ds, self.table.row(row.finetune_from), seed)), *FINETUNE_RESETS]
+            # not --restore-file with --reset-*: fairseq would reload that file at every launch, so a
+            # fine-tune cut short restarts from update 0. --finetune-from-model loads it (optimizer,
+            # schedule, meters and data order reset) only while the run has no checkpoint_last.pt
+            extra = ["--finetune-from-model", str(self.checkpoint(ds, self.table.row(row.finetune_from), seed))]
         argv = merge_args(self.setting(ds, row)["train"], ds.train_args, row.args, (row.args_by_dataset or {}).get(ds.id),
                           self.table.smoke.get("train") if self.smoke else None,
                           drop=self.table.smoke.get("drop", []) if self.smoke else [])

@@ -71,7 +71,7 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
             self.l0drop_gate = RulePatternGate(options.encoder_prune_pattern, dictionary, options.encoder_prune_pos_table,
                                                table_stored=options.encoder_prune_pos_table_stored)
         else:
-            self.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim)
+            self.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim, options.l0drop_gate_init)
         self.mask_pruned = options.l0drop_mask_pruned
         self.compress = options.l0drop_compress
         cross_fn = options.cross_attn_fn
@@ -81,7 +81,7 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
             self.compress = False
         if options.l0drop_every_layer:
             for layer in list(self.layers)[:-1]:
-                layer.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim)
+                layer.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim, options.l0drop_gate_init)
 
     def build_encoder_layer(self, cfg):
         return wrap_layer(GatedEncoderLayer(cfg, return_fc=self.return_fc), cfg)

@@ -15,6 +15,7 @@ from fairseq import utils
 
 from ..attention import attention_names, check_k, get_attention
 from ..attention.structured import DEFAULT_PATTERN_SEED
+from ..modules.l0drop import GATE_INITS
 from ..modules.prune_patterns import PATTERNS
 
 SUBLAYERS = ("encoder", "decoder", "cross")
@@ -66,6 +67,9 @@ class SparseModelOptions:
                           "--criterion label_smoothed_cross_entropy_l0drop)", flag=True)
     l0drop_every_layer: bool = option(False, "also gate the output of every encoder layer (the paper's ablation)",
                                       flag=True)
+    l0drop_gate_init: str = option("official", "initial gate parameters: official (the official code: Glorot-uniform "
+                                   "w, zero bias; gates start about half open) or open (w = 0, bias 3: every gate "
+                                   "starts open, the penalty's push 14x weaker)", choices=GATE_INITS, metavar="INIT")
     l0drop_compress: bool = option(True, "decode from the compressed encoder memory of Algorithm 1; "
                                    "--model-overrides \"{'l0drop_compress': False}\" decodes uncompressed",
                                    type=utils.eval_bool, metavar="BOOL")
@@ -128,6 +132,8 @@ class SparseModelOptions:
         check_k(self.attn_k, "--attn-k")
         if self.hard_train not in HARD_TRAIN_CHOICES:
             raise ValueError(f"--hard-train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {self.hard_train!r}")
+        if self.l0drop_gate_init not in GATE_INITS:
+            raise ValueError(f"--l0drop-gate-init must be one of {', '.join(GATE_INITS)}, got {self.l0drop_gate_init!r}")
         if self.encoder_prune_pattern is not None and self.encoder_prune_pattern not in PATTERNS:
             raise ValueError(f"--encoder-prune-pattern must be one of {', '.join(PATTERNS)}, "
                              f"got {self.encoder_prune_pattern!r}")

@@ -1,6 +1,7 @@
 """The table runner: argument merging, configuration checks, every table's commands, smoke runs."""
 
 import csv
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -175,6 +176,25 @@ def test_demo_table_in_smoke_profile(smoke_root, capsys):
     assert "already done" in again and "[1/" not in again
     assert "train softmax" in printed
     assert "FAILED" not in printed and "L0Drop sparsity of softmax" not in printed  # no gates: nothing to run
+
+
+def test_a_fine_tune_cut_short_resumes_from_its_own_checkpoint(smoke_root):
+    """The demo's L0Drop fine-tune started from the softmax model; launched again with a later
+    --max-update, it goes on from its checkpoint_last.pt instead of fine-tuning from update 0."""
+    import shlex
+    import subprocess
+
+    commands = (smoke_root / "demo" / "commands.sh").read_text().splitlines()
+    line = commands[commands.index(next(c for c in commands if c.startswith("# train l0drop"))) + 1]
+    argv, log = shlex.split(line.split(" > ")[0]), Path(shlex.split(line.split(" > ")[1])[0])
+    base = argv[argv.index("--finetune-from-model") + 1]
+    assert f"loading pretrained model from {base}" in log.read_text()
+    argv[argv.index("--max-update") + 1] = "14"
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "loading pretrained model" not in again.stdout
+    assert "checkpoint_last.pt (epoch 1 @ 12 updates)" in again.stdout
+    assert int(re.findall(r"\| num_updates (\d+) \|", again.stdout)[-1]) > 12
 
 
 def test_averaged_checkpoint_is_the_mean_of_the_last_two(smoke_root):

@@ -41,8 +41,8 @@ def test_closed_form_probabilities_match_the_sampler(log_alpha):
     assert expected_gate(torch.tensor(10.0)).item() == 1.0 and expected_gate(torch.tensor(-10.0)).item() == 0.0
 
 
-def test_gates_start_open_and_gradients_reach_the_gate_weights():
-    gate = HardConcreteGate(8)
+def test_open_init_starts_every_gate_open_and_gradients_reach_the_gate_weights():
+    gate = HardConcreteGate(8, "open")
     x = torch.randn(5, 3, 8)
     padding = torch.zeros(3, 5, dtype=torch.bool)
     padding[0, :2] = True
@@ -55,6 +55,27 @@ def test_gates_start_open_and_gradients_reach_the_gate_weights():
     (gated.pow(2).sum() + out.expected_l0.sum()).backward()
     assert gate.log_alpha.weight.grad.abs().sum() > 0 and gate.log_alpha.bias.grad.abs() > 0
     assert (out.expected_l0[padding] == 0).all()
+
+
+def test_official_init_is_glorot_uniform_with_zero_bias():
+    torch.manual_seed(0)
+    gate = HardConcreteGate(512)
+    bound = (6.0 / (512 + 1)) ** 0.5  # Glorot uniform of a (1, 512) weight: the official variance scaling, fan_avg
+    weight = gate.log_alpha.weight
+    assert gate.log_alpha.bias.item() == 0.0
+    assert weight.abs().max().item() <= bound and weight.abs().max().item() > 0.95 * bound
+    assert abs(weight.var().item() - bound ** 2 / 3) < 0.15 * bound ** 2 / 3
+    # on layer-normalised encodings log alpha spreads around 0 (std about 1.4): most gates' g_hat lies
+    # strictly inside (0, 1), where the penalty's gradient is strong, instead of every gate at 1
+    x = torch.nn.functional.layer_norm(torch.randn(40, 8, 512), (512,))
+    _, out = gate.eval()(x, None)
+    assert 0.6 < out.expected_l0.mean().item() < 0.95
+    assert 0.75 < ((out.gates > 0) & (out.gates < 1)).float().mean().item() < 0.99
+
+
+def test_unknown_gate_init_is_one_clear_error():
+    with pytest.raises(ValueError, match="--l0drop-gate-init must be one of official, open, got 'closed'"):
+        HardConcreteGate(8, "closed")
 
 
 def test_compressed_memory_layout():
@@ -143,7 +164,7 @@ def test_functions_without_key_counts_decode_uncompressed(caplog):
 
 
 def test_every_layer_gates_add_their_penalties():
-    model = build_model(l0drop=True, l0drop_every_layer=True).train()
+    model = build_model(l0drop=True, l0drop_every_layer=True, l0drop_gate_init="open").train()
     assert model.encoder.layers[0].l0drop_gate is not None and model.encoder.layers[-1].l0drop_gate is None
     batch = random_batch(lengths=[7, 5], tgt_lengths=[6, 4])
     _, extra = model(**batch)
@@ -179,7 +200,7 @@ def test_expected_open_rate_per_sentence_and_per_token_by_hand():
 
 @pytest.mark.parametrize("normalization", ["sentence", "token"])
 def test_criterion_adds_lambda_times_the_open_rate_scaled_to_target_tokens(normalization):
-    model = build_model(l0drop=True).eval()
+    model = build_model(l0drop=True, l0drop_gate_init="open").eval()
     sample = sample_from(random_batch(lengths=[7, 2, 9], tgt_lengths=[6, 4, 6]))
     base, _, _ = criterion(l0_lambda=0.0, normalization=normalization)(model, sample)
     with_l0, sample_size, log = criterion(l0_lambda=0.5, normalization=normalization)(model, sample)
@@ -263,14 +284,23 @@ def test_criterion_on_a_model_without_gates_is_a_clear_error():
     assert torch.isfinite(loss)
 
 
-def test_fine_tuning_a_softmax_model_starts_from_it():
-    """New gate parameters are initialised open, the rest restored: outputs are unchanged."""
+@pytest.mark.parametrize("gate_init", ["open", "official"])
+def test_fine_tuning_a_softmax_model_restores_it_and_adds_gates(gate_init):
+    """New gate parameters keep their initialisation, the rest is restored. Open gates leave the
+    outputs unchanged; the official initialisation starts with gates spread inside (0, 1)."""
     baseline = build_model(seed=3).eval()
-    gated = build_model(seed=4, l0drop=True).eval()
+    gated = build_model(seed=4, l0drop=True, l0drop_gate_init=gate_init).eval()
+    gate_before = {k: v.clone() for k, v in gated.encoder.l0drop_gate.state_dict().items()}
     gated.load_state_dict(baseline.state_dict())
+    assert all(torch.equal(v, gated.encoder.l0drop_gate.state_dict()[k]) for k, v in gate_before.items())
     batch = random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 4, 6])
     with torch.no_grad():
-        assert (gated(**batch)[0] - baseline(**batch)[0]).abs().max() <= 1e-5
+        change = (gated(**batch)[0] - baseline(**batch)[0]).abs().max()
+        gates = gated.encoder(batch["src_tokens"], batch["src_lengths"])["l0drop_expected_l0"][0]
+    if gate_init == "open":
+        assert change <= 1e-5
+    else:
+        assert change > 1e-2 and gates[batch["src_tokens"].ne(1)].max() < 0.999
 
 
 @pytest.mark.parametrize("l0_lambda,expect_sparse", [(0.0, False), (5.0, True)])

@@ -21,9 +21,8 @@ from torch import Tensor, nn
 BETA = 2.0 / 3.0
 GAMMA, ZETA = -0.1, 1.1
 # ``open`` initialisation: with w = 0 and this bias, g_hat = 1 and P(g = 0) = 1 - sigmoid(3 - beta *
-# log(-gamma / zeta)) is about 1e-2, so fine-tuning a converged model starts from that model. But the
-# penalty's gradient there is sigmoid'(4.6), 14x weaker than at log alpha = 0: a small model's
-# cross-entropy then holds every gate open (0% pruned after 1500 updates at lambda 0.3, 2+2 layers).
+# log(-gamma / zeta)) is about 1e-2, so fine-tuning a converged model starts from that model; the
+# penalty's gradient there is sigmoid'(4.6), 14x weaker than at log alpha = 0.
 OPEN_GATE_BIAS = 3.0
 # ``official``: the official code's source_pruning layer, built under its model initialiser
 # (variance scaling, fan_avg, uniform, gain 1 = Glorot uniform) with a zero bias, so log alpha

@@ -15,7 +15,7 @@ from fairseq import utils
 
 from ..attention import attention_names, check_k, get_attention
 from ..attention.structured import DEFAULT_PATTERN_SEED
-from ..modules.l0drop import GATE_INITS
+from ..modules.l0drop import GATE_INITS, check_gate_init
 from ..modules.prune_patterns import PATTERNS
 
 SUBLAYERS = ("encoder", "decoder", "cross")
@@ -132,8 +132,7 @@ class SparseModelOptions:
         check_k(self.attn_k, "--attn-k")
         if self.hard_train not in HARD_TRAIN_CHOICES:
             raise ValueError(f"--hard-train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {self.hard_train!r}")
-        if self.l0drop_gate_init not in GATE_INITS:
-            raise ValueError(f"--l0drop-gate-init must be one of {', '.join(GATE_INITS)}, got {self.l0drop_gate_init!r}")
+        check_gate_init(self.l0drop_gate_init)
         if self.encoder_prune_pattern is not None and self.encoder_prune_pattern not in PATTERNS:
             raise ValueError(f"--encoder-prune-pattern must be one of {', '.join(PATTERNS)}, "
                              f"got {self.encoder_prune_pattern!r}")

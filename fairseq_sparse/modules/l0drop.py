@@ -30,6 +30,12 @@ OPEN_GATE_BIAS = 3.0
 GATE_INITS = ("official", "open")
 
 
+def check_gate_init(init: str) -> str:
+    if init not in GATE_INITS:
+        raise ValueError(f"--l0drop-gate-init must be one of {', '.join(GATE_INITS)}, got {init!r}")
+    return init
+
+
 @dataclass
 class GateOutput:
     gates: Tensor  # (B, T) the gate applied: sampled in training, g_hat in evaluation; 0 at padding
@@ -60,14 +66,12 @@ class HardConcreteGate(nn.Module):
     def __init__(self, embed_dim: int, init: str = "official"):
         super().__init__()
         self.log_alpha = nn.Linear(embed_dim, 1)
-        if init == "official":
+        if check_gate_init(init) == "official":
             nn.init.xavier_uniform_(self.log_alpha.weight)
             nn.init.zeros_(self.log_alpha.bias)
-        elif init == "open":
+        else:
             nn.init.zeros_(self.log_alpha.weight)
             nn.init.constant_(self.log_alpha.bias, OPEN_GATE_BIAS)
-        else:
-            raise ValueError(f"--l0drop-gate-init must be one of {', '.join(GATE_INITS)}, got {init!r}")
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor], src_tokens: Optional[Tensor] = None) -> Tuple[Tensor, GateOutput]:
         """x: (T, B, C); padding_mask: (B, T) True at padding. Returns gated x and the gate statistics.

@@ -61,6 +61,7 @@ def test_preset_keeps_options_given_on_the_command_line():
         ({"attn_k": 0}, "--attn-k must be a positive integer"),
         ({"decoder_attn_k": -2}, "--decoder-attn-k must be a positive integer"),
         ({"hard_train": "gumbel"}, "--hard-train must be one of sample, argmax"),
+        ({"l0drop": True, "l0drop_gate_init": "closed"}, "--l0drop-gate-init must be one of official, open"),
     ],
 )
 def test_bad_options_are_rejected_when_the_model_is_built(overrides, message):
@@ -221,6 +222,7 @@ def test_each_model_option_is_declared_once_with_its_default_and_command_line_fo
     (dict(hard_train="greedy"), "--hard-train must be one of sample, argmax"),
     (dict(encoder_prune_pattern="group", l0drop=True), "use it without --l0drop"),
     (dict(encoder_prune_pattern="nouns"), "--encoder-prune-pattern must be one of group"),
+    (dict(l0drop_gate_init="closed"), "--l0drop-gate-init must be one of official, open, got 'closed'"),
 ])
 def test_bad_model_options_are_one_clear_error(given, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # only for annotations: the plan imports this registry
     from fairseq_sparse.experiments.plan import Plan
     from fairseq_sparse.experiments.schema import Column, Dataset, Row
 
-SOURCES = ("decode", "attention", "l0drop", "train_log")
+SOURCES = ("decode", "speed", "attention", "l0drop", "train_log")
 Value = Callable[["Plan", "Dataset", "Row", "Column", int, Dict[str, str]], Optional[float]]
 
 
@@ -105,6 +105,14 @@ def decode_tokens_per_second(generated: Path) -> float:
     if not match:
         raise StepError(f"{generated}: no 'Translated ... tokens/s' line; was decoding cut short?")
     return float(match.group(1))
+
+
+def decode_speeds(csv_path: Path, field: str) -> Dict[str, float]:
+    """{label: median ``field`` (seconds, tokens_per_second) over the rounds} of a ``bench.decode_speed`` CSV."""
+    with open(csv_path, encoding="utf-8") as f:
+        lines = list(csv.DictReader(f))
+    labels = dict.fromkeys(line["label"] for line in lines)
+    return {label: statistics.median(float(x[field]) for x in lines if x["label"] == label) for label in labels}
 
 
 def train_words_per_second(log: Path) -> float:
@@ -202,10 +210,6 @@ def _generated(plan: "Plan", ds, row, col, seed: int) -> Path:
     return plan.generate_step(ds, row, col, seed).output
 
 
-def _baseline_generated(plan: "Plan", ds, col, seed: int) -> Path:
-    return plan.generate_step(ds, plan.table.row(col.baseline), col, seed).output
-
-
 def _train_log(plan: "Plan", ds, row, seed: int) -> Path:
     return plan.run_dir(ds, row, seed) / "train.log"
 
@@ -220,7 +224,7 @@ def bleu_score(plan, ds, row, col, seed, signatures):
 def bleu_delta(plan, ds, row, col, seed, signatures):
     """BLEU minus the baseline row's BLEU for the same seed."""
     ours, signatures[col.id] = bleu(plan, ds, col, _generated(plan, ds, row, col, seed))
-    return ours - bleu(plan, ds, col, _baseline_generated(plan, ds, col, seed))[0]
+    return ours - bleu(plan, ds, col, _generated(plan, ds, plan.table.row(col.baseline), col, seed))[0]
 
 
 @register("decode_time", "decode", digits=1)
@@ -228,15 +232,24 @@ def decode_time(plan, ds, row, col, seed, signatures):
     return decode_seconds(_generated(plan, ds, row, col, seed))
 
 
-@register("decode_speedup", "decode", relative=True)
+def _speed_ratio(plan: "Plan", ds, row, col, seed: int, field: str) -> float:
+    """This row's median ``field`` over the baseline row's, the two decoded in turn in one run."""
+    if row.id == col.baseline:
+        return 1.0
+    medians = decode_speeds(plan.speed_step(ds, row, col, seed).output, field)
+    return medians[row.id] / max(medians[col.baseline], 1e-9)
+
+
+@register("decode_speedup", "speed", relative=True)
 def decode_speedup(plan, ds, row, col, seed, signatures):
-    return decode_seconds(_baseline_generated(plan, ds, col, seed)) / max(decode_seconds(_generated(plan, ds, row, col, seed)), 1e-9)
+    """The baseline row's decoding seconds over this row's (> 1: faster)."""
+    return 1.0 / max(_speed_ratio(plan, ds, row, col, seed, "seconds"), 1e-9)
 
 
-@register("decode_token_speedup", "decode", relative=True)
+@register("decode_token_speedup", "speed", relative=True)
 def decode_token_speedup(plan, ds, row, col, seed, signatures):
-    """Per generated token: fair when the models' outputs differ in length."""
-    return decode_tokens_per_second(_generated(plan, ds, row, col, seed)) / decode_tokens_per_second(_baseline_generated(plan, ds, col, seed))
+    """Generated tokens/s over the baseline row's: fair when the models' outputs differ in length."""
+    return _speed_ratio(plan, ds, row, col, seed, "tokens_per_second")
 
 
 @register("train_speedup", "train_log", relative=True, timed=True)

@@ -22,7 +22,7 @@ USER_DIR = str(Path(__file__).resolve().parent.parent)  # the installed package:
 class Step:
     """One command; ``output`` is what proves it already ran."""
 
-    kind: str  # prep | train | average | generate | sparsity | attn_sparsity
+    kind: str  # prep | train | average | generate | speed | sparsity | attn_sparsity | heatmap
     argv: List[str]
     output: Path
     log: Path
@@ -158,6 +158,22 @@ class Plan:
         return Step("generate", argv, out, out, f"decode {row.id} on {ds.id} {col.split} (seed {seed})",
                     needs=(self.model_key(ds, row, seed),))
 
+    def speed_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
+        """The row's and the column's baseline row's decodes timed in turn, in one run
+        (``fairseq_sparse.bench.decode_speed``): decodes timed hours apart differ by more than the effect."""
+        pair = [row, self.table.row(col.baseline)]
+        runs = [shlex.join(self.generate_step(ds, r, col, seed).argv[1:]) for r in pair]
+        rounds = 1 if self.smoke else col.rounds
+        key = hashlib.sha1(" ".join([str(rounds), *runs]).encode()).hexdigest()[:8]
+        out = self.out / "speed" / ds.id / row.id / f"seed{seed}" / f"{col.split}.{key}.csv"
+        argv = [sys.executable, "-m", "fairseq_sparse.bench.decode_speed", "--rounds", str(rounds), "--out", str(out),
+                "--generate", str(BIN / "fairseq-generate")]
+        for r, run in zip(pair, runs):
+            argv += ["--run", r.id, run]
+        return Step("speed", argv, out, out.with_suffix(".log"),
+                    f"decode speed of {row.id} and {col.baseline} in turn on {ds.id} {col.split} (seed {seed})",
+                    needs=tuple(self.model_key(ds, r, seed) for r in pair))
+
     def l0drop_sparsity_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
         """The share of encoder outputs the row's gates or pattern prune on the column's split."""
         out = self.out / "analysis" / ds.id / row.id / f"seed{seed}" / f"l0drop-sparsity.{col.split}.txt"
@@ -190,6 +206,8 @@ class Plan:
             return [self.l0drop_sparsity_step(ds, row, col, seed)] if self.prunes(ds, row) else []
         if source == "attention":
             return [self.attention_step(ds, row, col, seed)]
+        if source == "speed":  # the baseline's speed relative to itself is 1 by definition: no command
+            return [] if row.id == col.baseline else [self.speed_step(ds, row, col, seed)]
         if source == "decode":
             rows = [row] + ([self.table.row(col.baseline)] if MEASURES[col.measure].relative else [])
             return [self.generate_step(ds, r, col, seed) for r in rows]

@@ -64,6 +64,7 @@ class Column:
     sacrebleu_tokenize: str = "13a"
     baseline: Optional[str] = None
     generate_args: str = ""
+    rounds: int = 3  # speed measures: rounds of decoding the row and its baseline in turn (smoke: 1)
 
 
 @dataclass
@@ -185,6 +186,8 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
             raise ConfigError(f"{where}: unknown metric {c.metric!r}; known: {', '.join(METRICS)}")
         if c.metric == "d_bleu" and not datasets[c.dataset].documents:
             raise ConfigError(f"{where}: d_bleu needs a document-level dataset, {c.dataset} is not one")
+        if not isinstance(c.rounds, int) or isinstance(c.rounds, bool) or c.rounds < 1:
+            raise ConfigError(f"{where}: rounds must be a whole number of at least 1, got {c.rounds!r}")
         if MEASURES[c.measure].relative and c.baseline not in row_ids:
             raise ConfigError(f"{where}: {c.measure} needs 'baseline:' naming a row, got {c.baseline!r}")
     seen: List[str] = []

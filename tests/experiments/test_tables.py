@@ -2,6 +2,7 @@
 
 import csv
 import re
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -66,6 +67,7 @@ rows: [{id: a, label: A}, {id: b, label: B, reuse: a}]
     (("{id: a, label: A}", "{id: a, label: A, paper: {rouge: 1}}"), "paper numbers for unknown column(s) ['rouge']"),
     (("measure: bleu}", "measure: decode_speedup}"), "needs 'baseline:' naming a row"),
     (("measure: bleu}", "measure: bleu, metric: d_bleu}"), "d_bleu needs a document-level dataset"),
+    (("measure: bleu}", "measure: decode_speedup, baseline: a, rounds: 0}"), "rounds must be a whole number of at least 1, got 0"),
     (("columns: [{id: bleu, label: BLEU", "columns: [{id: null, label: BLEU"), "column None: id must be a non-empty string"),
     (("{id: a, label: A}", "{id: a, label: 12}"), "row 'a': label must be a non-empty string, got 12"),
 ])
@@ -94,6 +96,25 @@ def test_identical_models_of_two_tables_share_one_run_directory(configs, tmp_pat
     ds = plans[0].table.datasets["iwslt14_de_en"]
     assert plans[0].run_dir(ds, a[0], 1) == plans[1].run_dir(ds, a[1], 1)
     assert plans[0].run_dir(ds, a[0], 1) != plans[0].run_dir(ds, a[0], 2)
+
+
+def test_a_speed_column_times_the_row_and_its_baseline_in_one_run(configs, tmp_path):
+    """Speed ratios come from one command decoding both models in turn (not from two decodes run at
+    different times); the baseline against itself needs no command."""
+    path = write_table(configs, GOOD.replace("measure: bleu}", "measure: decode_token_speedup, baseline: a, rounds: 5}"))
+    for profile, rounds in (("paper", "5"), ("smoke", "1")):
+        plan = tables.Plan(load_table(path, profile, configs), tmp_path, tmp_path / "data", None)
+        table = plan.table
+        ds, col = table.datasets["iwslt14_de_en"], table.columns[0]
+        assert plan.measure_steps(ds, table.row("a"), col, 1) == []
+        [step] = plan.measure_steps(ds, table.row("b"), col, 1)
+        assert step.kind == "speed" and step.argv[2] == "fairseq_sparse.bench.decode_speed"
+        assert step.argv[step.argv.index("--rounds") + 1] == rounds
+        runs = [step.argv[i + 1:i + 3] for i, word in enumerate(step.argv) if word == "--run"]
+        assert [label for label, _ in runs] == ["b", "a"]
+        # each run is exactly the row's own decoding command (fairseq-generate's arguments)
+        assert runs[0][1] == shlex.join(plan.generate_step(ds, table.row("b"), col, 1).argv[1:])
+        assert step.needs == (plan.model_key(ds, table.row("b"), 1), plan.model_key(ds, table.row("a"), 1))
 
 
 # ---------------------------------------------------------------- every table: commands parse
@@ -161,6 +182,11 @@ def test_demo_table_in_smoke_profile(smoke_root, capsys):
     # the reused softmax model is analysed with the row's --model-overrides: top-k's zeros show
     assert float(rows[topk][zero]) > 0.0 and float(rows[hard][zero]) > 0.0
     assert float(rows["softmax"][speed]) == 1.0  # speed ratio of the baseline to itself
+    # every other row's ratio is read from one run that decoded it and softmax in turn
+    for timed in (out / "speed" / "bible_de_en").glob("*/seed1/test.*.csv"):
+        with open(timed) as f:
+            assert [line["label"] for line in csv.DictReader(f)] == [timed.parts[-3], "softmax"]
+    assert len(list((out / "speed" / "bible_de_en").glob("*/seed1/test.*.csv"))) == 5
     assert float(rows["softmax"][pruned]) == 0.0  # no gates, nothing pruned
     assert rows["L0Drop (softmax fine-tuned with gates)"][pruned] not in ("—", "failed")
     assert list((out / "heatmap").glob("*.png"))

@@ -164,7 +164,9 @@ class Plan:
         pair = [row, self.table.row(col.baseline)]
         runs = [shlex.join(self.generate_step(ds, r, col, seed).argv[1:]) for r in pair]
         rounds = 1 if self.smoke else col.rounds
-        key = hashlib.sha1(" ".join([str(rounds), *runs]).encode()).hexdigest()[:8]
+        # keyed like a decode, by what is decoded and how (not by paths): a checkout elsewhere finds it
+        decoded = [rounds, col.split, col.baseline, *(self.generate_args(ds, r, col) for r in pair)]
+        key = hashlib.sha1(repr(decoded).encode()).hexdigest()[:8]
         out = self.out / "speed" / ds.id / row.id / f"seed{seed}" / f"{col.split}.{key}.csv"
         argv = [sys.executable, "-m", "fairseq_sparse.bench.decode_speed", "--rounds", str(rounds), "--out", str(out),
                 "--generate", str(BIN / "fairseq-generate")]

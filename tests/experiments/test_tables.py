@@ -115,6 +115,10 @@ def test_a_speed_column_times_the_row_and_its_baseline_in_one_run(configs, tmp_p
         # each run is exactly the row's own decoding command (fairseq-generate's arguments)
         assert runs[0][1] == shlex.join(plan.generate_step(ds, table.row("b"), col, 1).argv[1:])
         assert step.needs == (plan.model_key(ds, table.row("b"), 1), plan.model_key(ds, table.row("a"), 1))
+        # found again from a checkout whose data (and fairseq-generate, user dir) lie elsewhere: keyed by what it decodes
+        elsewhere = tables.Plan(table, tmp_path, tmp_path / "other-data", None)
+        assert elsewhere.speed_step(ds, table.row("b"), col, 1).output == step.output
+        assert elsewhere.speed_step(ds, table.row("b"), col, 1).argv != step.argv
 
 
 # ---------------------------------------------------------------- every table: commands parse

@@ -27,7 +27,8 @@ def test_without_arguments_it_lists_the_entry_points(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: python -m fairseq_sparse [--user-dir]")
     assert "--user-dir $(python -m fairseq_sparse --user-dir)" in result.stdout
-    listed = [line.split()[0] for line in result.stdout.split("commands")[1].splitlines()[1:]]
+    # the lines after the header (a summary may say "commands" too)
+    listed = [line.split()[0] for line in result.stdout.split("\ncommands (python -m MODULE")[1].splitlines()[1:]]
     assert {"fairseq_sparse.evaluate", "fairseq_sparse.analysis", "fairseq_sparse.average_checkpoints",
             "fairseq_sparse.l0drop_sparsity"} <= set(listed)
     assert all(importlib.util.find_spec(module) is not None for module in listed)

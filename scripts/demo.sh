@@ -4,7 +4,7 @@
 # hard retrieval and 1.5-entmax, fine-tuning it with hard retrieval and with L0Drop gates; decodes
 # the held-out Gospel of John and prints one table: sacreBLEU (with its signature), attention
 # sparsity, encoder outputs pruned and decoding speed relative to softmax; saves cross-attention
-# heatmaps of softmax vs top-k (PNG). About 10 minutes on 2 CPU cores; progress is printed as it goes.
+# heatmaps of softmax vs top-k (PNG). About 11 minutes on 2 CPU cores; progress is printed as it goes.
 #
 #   bash scripts/demo.sh                 # everything under runs/tables/demo/paper and runs/models
 #   bash scripts/demo.sh --profile smoke # a tiny version in about two minutes

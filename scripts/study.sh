@@ -10,21 +10,14 @@
 #   TABLES="study_de_en" bash scripts/study.sh   # one table only
 #   JOBS=1 bash scripts/study.sh         # one training at a time (default 2: two trainings side by side,
 #                                        # the cores split between them; decodes still run alone)
-# Each table's Markdown, CSV and plots are copied to results/study/ (committed; runs/ is not).
+# Every finished cell (each seed's value, with the identity of the commands that measured it) is kept in
+# results/study/NAME.seeds.csv, and each table's Markdown, CSV and plots are copied to results/study/ after
+# every finished step (committed; runs/ is not). A sitting on a machine without the last one's runs/
+# reads the finished seeds from there and runs only the cells still missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
-# results/study/ keeps each table's Markdown, CSV and plots for the repository (runs/ is not committed)
-mkdir -p results/study
 for table in ${TABLES:-study_de_en study_sweeps study_fr_en}; do
-    .venv/bin/python -m fairseq_sparse.tables "$table" --profile paper --jobs "${JOBS:-2}" "$@" || status=$?
-    out=runs/tables/$table/paper
-    if [ -f "$out/$table.md" ]; then
-        cp "$out/$table.md" "$out/$table.csv" results/study/
-        [ -f "$out/commands.sh" ] && cp "$out/commands.sh" "results/study/$table.commands.sh"
-        [ -f "$out/$table.png" ] && cp "$out/$table.png" results/study/
-        [ -f "$out/$table.curves.png" ] && cp "$out/$table.curves.png" "$out/$table.curves.csv" results/study/
-        [ -d "$out/heatmap" ] && mkdir -p "results/study/heatmap" && cp "$out"/heatmap/*.png results/study/heatmap/ 2>/dev/null || true
-    fi
+    .venv/bin/python -m fairseq_sparse.tables "$table" --profile paper --jobs "${JOBS:-2}" --record results/study "$@" || status=$?
 done
 exit ${status:-0}

@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 from fairseq_sparse.experiments.errors import ConfigError, StepError
 from fairseq_sparse.experiments.plan import Plan
+from fairseq_sparse.experiments.record import Record, publish, steps_to_run
 from fairseq_sparse.experiments.report import collect, write_report
 from fairseq_sparse.experiments.runner import dry_run, execute
 from fairseq_sparse.experiments.schema import PROFILES, load_table, resolve_config, table_names
@@ -39,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models-root", default="runs/models",
                    help="trained models, keyed by their training command so tables share them (default: %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", help="override the setting's seeds")
+    p.add_argument("--rows", nargs="+", metavar="ID",
+                   help="run only these rows' commands (and the models they need: the baseline's, a fine-tune's base "
+                        "model); the report shows every row that has finished")
+    p.add_argument("--record", metavar="DIR",
+                   help="keep every seed's measured cells in DIR/NAME.seeds.csv and a copy of the report in DIR, after "
+                        "each finished step; cells recorded from the same commands are read from there and their "
+                        "commands not run again (a study over sittings on machines that do not keep runs/)")
     p.add_argument("--jobs", type=int, default=1,
                    help="train this many models at once, the cores and the visible GPUs split between them "
                         "(OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES); decoding and analysis still run alone (the others "
@@ -63,16 +71,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # absolute paths: the commands (and the model directories keyed by them) do not depend on where they run
         plan = Plan(table, out.resolve(), Path(args.data_root).resolve(), Path(raw).expanduser().resolve() if raw else None,
                     args.seeds, Path(args.models_root).resolve())
+        record = Record(Path(args.record), table.name) if args.record else None
         steps = plan.steps()
+        unknown = sorted(set(args.rows or []) - {r.id for r in table.rows})
+        if unknown:
+            raise ConfigError(f"--rows: no row {', '.join(map(repr, unknown))} in {table.name} "
+                              f"(rows: {', '.join(r.id for r in table.rows)})")
+        needed = steps_to_run(plan, steps, record, args.rows) if record or args.rows else steps
         if args.dry_run:
             dry_run(plan, steps)
             return 0
         if args.report_only:
             plan.out.mkdir(parents=True, exist_ok=True)
-            results = collect(plan, finished_only=True)
+            results = collect(plan, finished_only=True, record=record)
         else:
-            results = collect(plan, execute(plan, steps, args.jobs))
-        md = write_report(plan, results)
+            failed = execute(plan, steps, args.jobs, lambda: report_so_far(plan, record), needed)
+            results = collect(plan, failed, record=record)
+        md = write_report(plan, results, record)
+        if record:
+            publish(plan, record)
     except (ConfigError, StepError) as e:
         print(f"tables: error: {e}", file=sys.stderr)
         return 1
@@ -85,6 +102,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"tables: error: these rows failed: {', '.join(unexpected)} (logs above)", file=sys.stderr)
         return 1
     return 0
+
+
+def report_so_far(plan: Plan, record: Optional[Record]) -> None:
+    """The report (and the record) of the steps finished so far: a long run cut short keeps them."""
+    if record:
+        try:
+            write_report(plan, collect(plan, finished_only=True, record=record), record)
+            publish(plan, record)
+        except (StepError, OSError, ValueError) as e:  # the run goes on; the final report says what is wrong
+            print(f"tables: warning: no report of the steps so far: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -106,11 +106,19 @@ class Plan:
                 *argv, *extra, "--seed", str(seed)]
 
     def run_dir(self, ds: Dataset, row: Row, seed: int) -> Path:
-        # keyed by what defines the model: the data and the arguments, not where fairseq and the plugin are installed
+        # keyed by what defines the model: the data and the arguments, not where this checkout keeps data and
+        # models nor where fairseq and the plugin are installed, so another checkout finds the model by name
         argv = self.train_argv(ds, row, seed)[1:]
         at = argv.index("--user-dir")
-        digest = hashlib.sha1(" ".join(argv[:at] + argv[at + 2:]).encode()).hexdigest()[:12]
+        digest = hashlib.sha1(" ".join(map(self.portable, argv[:at] + argv[at + 2:])).encode()).hexdigest()[:12]
         return self.models_root / ds.id / f"{self.trained_row(row).id}-{digest}"
+
+    def portable(self, word: str) -> str:
+        """``word`` with the data and models roots of this checkout replaced by placeholders."""
+        for root, name in ((self.models_root, "{models}"), (self.data_root, "{data}")):
+            if word.startswith(f"{root}/"):
+                return name + word[len(str(root)):]
+        return word
 
     def checkpoint(self, ds: Dataset, row: Row, seed: int) -> Path:
         run = self.run_dir(ds, row, seed)

@@ -12,7 +12,8 @@ from typing import Dict, List, Optional, Tuple
 from fairseq_sparse.analysis.report import pyplot
 from fairseq_sparse.experiments.errors import StepError
 from fairseq_sparse.experiments.measures import MEASURES, trained_side_by_side, valid_loss_per_epoch
-from fairseq_sparse.experiments.plan import Plan, Step
+from fairseq_sparse.experiments.plan import Plan
+from fairseq_sparse.experiments.record import Record, Recorded, cell_steps, commands_key
 from fairseq_sparse.experiments.runner import done, relative_to_cwd
 from fairseq_sparse.experiments.schema import Column, Dataset, Row
 
@@ -51,16 +52,10 @@ class Results:
         return self.means.items()
 
 
-def cell_steps(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int) -> List[Step]:
-    """The commands one cell of one seed needs: its models' training and its measurement."""
-    rows = [row] + ([plan.table.row(col.baseline)] if col.baseline else [])
-    steps = [step for r in rows for step in plan.train_steps(ds, plan.trained_row(r), seed)]
-    return steps + plan.measure_steps(ds, row, col, seed)
-
-
-def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False) -> Results:
+def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, record: Optional[Record] = None) -> Results:
     """Measure every cell, averaged over seeds. ``finished_only``: seeds whose commands have not all
-    run yet are left out of a cell (a study completed over several sittings); otherwise they count as failed."""
+    run yet are left out of a cell (a study completed over several sittings); otherwise they count as failed.
+    ``record``: a seed recorded from the same commands is read from it, and one measured here is added."""
     results = Results()
     for row in plan.table.rows:
         complete: Optional[set] = None
@@ -73,14 +68,22 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False) 
                 models = {plan.model_key(ds, row, seed)}
                 if col.baseline:
                     models.add(plan.model_key(ds, plan.table.row(col.baseline), seed))
-                if finished_only and not all(done(s) for s in cell_steps(plan, ds, row, col, seed)):
+                steps = cell_steps(plan, ds, row, col, seed)
+                cell, key = (ds.id, row.id, col.id, seed), commands_key(plan, steps)
+                recorded = record.get(cell, key) if record else None
+                finished = recorded is not None or all(done(s) for s in steps)
+                if finished_only and not finished:
                     continue
                 seeds.append(seed)
-                try:
-                    value = FAILED if models & failed else MEASURES[col.measure].value(plan, ds, row, col, seed, results.signatures)
-                except (StepError, OSError, ValueError) as e:  # its decode or analysis failed (reported when it ran)
-                    logger.warning("%s / %s: %s", row.id, col.id, e)
-                    value = FAILED
+                if recorded:
+                    value = recorded.value
+                    if recorded.signature:
+                        results.signatures.setdefault(col.id, recorded.signature)
+                else:
+                    value = measure(plan, ds, row, col, seed, results, models & failed)
+                    if record and finished and value == value:  # a failure is not recorded: the next run tries again
+                        shared = MEASURES[col.measure].timed and trained_side_by_side(plan.run_dir(ds, row, seed) / "train.log")
+                        record.put(cell, Recorded(key, value, results.signatures.get(col.id, ""), shared))
                 if value is not None:
                     values.append(value)
             complete = set(seeds) if complete is None else complete & set(seeds)
@@ -88,23 +91,39 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False) 
                 results.means[row.id, col.id] = statistics.mean(values)
                 results.spreads[row.id, col.id] = (statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
         results.seeds_done[row.id] = sorted(complete or ())
+    if record:
+        record.save()
     return results
 
 
-def side_by_side_trainings(plan: Plan) -> List[str]:
-    """"row seed N" of each model trained beside others, where a column reads the training's clock."""
+def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: Results, failed_models: set) -> Optional[float]:
+    """One seed's value of one cell; FAILED if a model it needs failed or its output cannot be read."""
+    if failed_models:
+        return FAILED
+    try:
+        return MEASURES[col.measure].value(plan, ds, row, col, seed, results.signatures)
+    except (StepError, OSError, ValueError) as e:  # its decode or analysis failed (reported when it ran)
+        logger.warning("%s / %s: %s", row.id, col.id, e)
+        return FAILED
+
+
+def side_by_side_trainings(plan: Plan, record: Optional[Record] = None) -> List[str]:
+    """"row seed N" of each model trained beside others, where a column reads the training's clock
+    (from its log, or from the record where this machine no longer has the log)."""
     table, shared = plan.table, []
     for col in [c for c in table.columns if MEASURES[c.measure].timed]:
         ds = table.datasets[col.dataset]
         for row in [r for r in table.rows if plan.applies(ds, r)]:
             for seed in plan.seeds(ds):
                 name = f"{plan.trained_row(row).id} seed {seed}"
-                if name not in shared and trained_side_by_side(plan.run_dir(ds, row, seed) / "train.log"):
+                recorded = record.cells.get((ds.id, row.id, col.id, seed)) if record else None
+                if name not in shared and (trained_side_by_side(plan.run_dir(ds, row, seed) / "train.log")
+                                           or (recorded and recorded.side_by_side)):
                     shared.append(name)
     return shared
 
 
-def write_report(plan: Plan, results: Results) -> Path:
+def write_report(plan: Plan, results: Results, record: Optional[Record] = None) -> Path:
     table = plan.table
     # a "(paper)" column only where some row quotes the paper: tables of our own (demo, study) stay readable
     quoted = {col.id for col in table.columns if any(col.id in (row.paper or {}) for row in table.rows)}
@@ -145,7 +164,7 @@ def write_report(plan: Plan, results: Results) -> Path:
     if table.profile == "smoke":
         notes.insert(0, "- Smoke profile: tiny models after a few updates on Bible data; the numbers only show that "
                         "the pipeline runs, they are not comparable with the paper's.")
-    shared = side_by_side_trainings(plan)
+    shared = side_by_side_trainings(plan, record)
     if shared:
         notes.append(f"- Trained side by side with other models (`--jobs`) for all or part of the run: {', '.join(shared)}. "
                      "Their training times are those of a shared machine, not comparable with those of models trained alone.")
@@ -161,21 +180,31 @@ def write_report(plan: Plan, results: Results) -> Path:
         writer.writerows(records)
     if table.plot:
         write_plot(plan, results)
-    if table.curves and write_curves(plan):
+    if table.curves and write_curves(plan, record):
         with open(md, "a", encoding="utf-8") as f:
             f.write(f"Validation loss per epoch of every model: ![curves]({table.name}.curves.png) "
                     f"(numbers: `{table.name}.curves.csv`).\n\n")
-    if table.heatmap and (plan.out / "heatmap" / "heatmap.md").is_file():
-        pngs = sorted((plan.out / "heatmap").glob("*.png"))
+    heatmap = heatmap_dir(plan, record)
+    if table.heatmap and heatmap:
+        pngs = sorted(heatmap.glob("*.png"))
         with open(md, "a", encoding="utf-8") as f:
             f.write("Attention heatmaps: " + ", ".join(f"![{p.name}](heatmap/{p.name})" for p in pngs) + "\n")
     return md
 
 
-def write_curves(plan: Plan) -> Optional[Path]:
+def heatmap_dir(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
+    """The folder of the table's attention heatmaps: drawn here, else kept in the record's folder."""
+    if (plan.out / "heatmap" / "heatmap.md").is_file():
+        return plan.out / "heatmap"
+    return record.directory / "heatmap" if record and record.has_heatmap() else None
+
+
+def write_curves(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
     """NAME.curves.png and .csv: each trained model's validation loss per epoch (what shows a run
-    converged), one colour per row, one line style per seed; None if no model has validated yet."""
+    converged), one colour per row, one line style per seed; None if no model has validated yet.
+    A model whose log this machine no longer has keeps the curve recorded for it (same run directory name)."""
     table, records, seen = plan.table, [], set()
+    kept = record.curves() if record else []
     for ds in [table.datasets[i] for i in dict.fromkeys(c.dataset for c in table.columns)]:
         for row in [r for r in table.rows if plan.applies(ds, r)]:
             for seed in plan.seeds(ds):
@@ -183,8 +212,9 @@ def write_curves(plan: Plan) -> Optional[Path]:
                 if run in seen:  # a row that reuses another's model
                     continue
                 seen.add(run)
-                records += [{"dataset": ds.id, "row": plan.trained_row(row).id, "seed": seed, "epoch": epoch, "valid_loss": loss}
-                            for epoch, loss in sorted(valid_loss_per_epoch(run / "train.log").items())]
+                logged = [{"dataset": ds.id, "row": plan.trained_row(row).id, "seed": seed, "model": run.name, "epoch": epoch,
+                           "valid_loss": loss} for epoch, loss in sorted(valid_loss_per_epoch(run / "train.log").items())]
+                records += logged or [r for r in kept if (r["dataset"], r["model"]) == (ds.id, run.name)]
     if not records:
         return None
     with open(plan.out / f"{table.name}.curves.csv", "w", encoding="utf-8", newline="") as f:

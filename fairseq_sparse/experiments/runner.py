@@ -12,7 +12,7 @@ import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from fairseq_sparse.experiments.errors import ConfigError, StepError
 from fairseq_sparse.experiments.machine import SharedMachine, sigterm_as_exit
@@ -90,8 +90,11 @@ def done(step: Step) -> bool:
     return True
 
 
-def execute(plan: Plan, steps: List[Step], jobs: int = 1) -> set:
-    """Run the steps not done yet; returns the models (dataset, row, seed) that failed to train.
+def execute(plan: Plan, steps: List[Step], jobs: int = 1, finished: Callable[[], None] = lambda: None,
+            needed: Optional[List[Step]] = None) -> set:
+    """Run the steps not done yet (of ``needed`` if given, e.g. those of cells not recorded; all are
+    listed in commands.sh); returns the models (dataset, row, seed) that failed to train.
+    ``finished`` is called after each step (the report of what has finished so far).
 
     A failed data preparation stops everything. A failed training or averaging is reported,
     the steps that need that model are skipped and the other rows go on; a failed decode or
@@ -104,17 +107,19 @@ def execute(plan: Plan, steps: List[Step], jobs: int = 1) -> set:
                 "paths under it are relative).\nset -e\n")
         for step in steps:
             f.write(f"# {step.label}\n{relative_to_cwd(shlex.join(step.argv))} > {shlex.quote(relative_to_cwd(str(step.log)))} 2>&1\n")
-    todo = [s for s in steps if not done(s)]
-    print(f"{plan.table.name} ({plan.table.profile}): {len(steps)} steps, {len(steps) - len(todo)} already done; "
+    todo = [s for s in (steps if needed is None else needed) if not done(s)]
+    recorded = f", {len(steps) - len(needed)} not needed (their cells are recorded)" if needed is not None else ""
+    print(f"{plan.table.name} ({plan.table.profile}): {len(steps)} steps, {len(todo)} to run{recorded}; "
           f"commands in {plan.out / 'commands.sh'}", flush=True)
     failed: set = set()
     with sigterm_as_exit():
         if jobs > 1:
-            run_side_by_side(todo, jobs, failed)
+            run_side_by_side(todo, jobs, failed, finished)
             return failed
         for i, step in enumerate(todo, 1):
             if not skipped(step, i, len(todo), failed):
                 run_or_record_failure(step, i, len(todo), failed)
+                finished()
     return failed
 
 
@@ -144,7 +149,7 @@ def run_or_record_failure(step: Step, index: int, total: int, failed: set, machi
 SIDE_BY_SIDE = ("train", "average")  # steps that may share the machine; the others measure something
 
 
-def run_side_by_side(todo: List[Step], jobs: int, failed: set) -> None:
+def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callable[[], None] = lambda: None) -> None:
     """Run up to ``jobs`` trainings (and averagings) at once, each with its share of the cores, in the
     plan's order as far as their inputs allow; every other step (data preparation, decoding, analysis)
     runs alone while the others are stopped, so what it measures is what a run of one job measures.
@@ -168,6 +173,7 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set) -> None:
             for future in [f for f in running if f.done()]:
                 running.pop(future)
                 future.result()  # a failed command was recorded; anything else is a bug: raise it
+                finished()
             started = True
             while started:  # until nothing more can start now
                 started = False
@@ -179,6 +185,7 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set) -> None:
                     elif step.kind not in SIDE_BY_SIDE:
                         with machine.alone():
                             run_or_record_failure(step, i, len(todo), failed)
+                        finished()
                     elif len(running) < jobs:
                         running[pool.submit(run_or_record_failure, step, i, len(todo), failed, machine)] = step
                     else:

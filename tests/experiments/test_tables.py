@@ -98,6 +98,20 @@ def test_identical_models_of_two_tables_share_one_run_directory(configs, tmp_pat
     assert plans[0].run_dir(ds, a[0], 1) != plans[0].run_dir(ds, a[0], 2)
 
 
+def test_model_directories_do_not_depend_on_where_this_checkout_keeps_data_and_models(configs, tmp_path):
+    """A model is named by its data and arguments, a fine-tune's base model included, so a checkout
+    elsewhere (a later sitting of a study, its record of finished cells) finds it by the same name."""
+    path = write_table(configs, GOOD.replace("{id: b, label: B, reuse: a}", "{id: c, label: C, finetune_from: a}"))
+    table = load_table(path, "paper", configs)
+    ds = table.datasets["iwslt14_de_en"]
+    here, there = (tables.Plan(table, root / "out", root / "data", None, models_root=root / "models")
+                   for root in (tmp_path / "here", tmp_path / "elsewhere"))
+    for row in table.rows:
+        assert here.run_dir(ds, row, 1).name == there.run_dir(ds, row, 1).name
+        assert here.run_dir(ds, row, 1).parent != there.run_dir(ds, row, 1).parent
+    assert "--finetune-from-model" in here.train_argv(ds, table.row("c"), 1)
+
+
 def test_a_speed_column_times_the_row_and_its_baseline_in_one_run(configs, tmp_path):
     """Speed ratios come from one command decoding both models in turn (not from two decodes run at
     different times); the baseline against itself needs no command."""
@@ -203,7 +217,7 @@ def test_demo_table_in_smoke_profile(smoke_root, capsys):
         assert f"\n{tools.relative_to(Path.cwd().resolve())}/fairseq-train " in commands
     # a second run finds everything done and only re-reads the results
     again = run_table("demo", smoke_root, capsys)
-    assert "already done" in again and "[1/" not in again
+    assert " 0 to run" in again and "[1/" not in again
     assert "train softmax" in printed
     assert "FAILED" not in printed and "L0Drop sparsity of softmax" not in printed  # no gates: nothing to run
 
@@ -293,6 +307,45 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
     assert record["seeds"] == "2" and float(record["std"]) >= 0
     assert abs(float(record["ours"]) - float(bleu.split(" ")[0])) < 0.006
 
+    # --record: every finished cell is kept with the identity of its commands, and a report beside it
+    results = tmp_path / "results"
+    assert tables.main([str(config), *common, "--out", str(tmp_path / "run"), "--seeds", "1", "2", "--record", str(results)]) == 0
+    assert "[1/" not in capsys.readouterr().out
+    with open(results / "seeds.seeds.csv", encoding="utf-8") as f:
+        recorded = list(csv.DictReader(f))
+    assert len(recorded) == 2 * 7 * 2 and {r["seed"] for r in recorded} == {"1", "2"}
+    assert (results / "seeds.md").read_text() == (tmp_path / "run" / "seeds.md").read_text()
+    # a later sitting on a machine with no runs/ (no data, models, decodes): the same table, nothing run
+    fresh = ["--profile", "smoke", "--out", str(tmp_path / "new" / "run"), "--record", str(results),
+             "--models-root", str(tmp_path / "new" / "models"), "--data-root", str(tmp_path / "new" / "data")]
+    assert tables.main([str(config), *fresh, "--seeds", "1", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert ", 0 to run, " in printed and "[1/" not in printed and not (tmp_path / "new" / "models").exists()
+    assert cells((tmp_path / "new" / "run" / "seeds.md").read_text()) == cells(md)
+    # ... and a third seed runs only its own commands (and prepares the data)
+    from fairseq_sparse.experiments.record import Record, steps_to_run
+
+    def to_run(path: Path, seeds, rows=None):
+        plan = tables.Plan(load_table(path, "smoke"), tmp_path / "new" / "run", tmp_path / "new" / "data", None,
+                           seeds=seeds, models_root=tmp_path / "new" / "models")
+        return [s.label for s in steps_to_run(plan, plan.steps(), Record(results, "seeds"), rows)]
+
+    third = to_run(config, [1, 2, 3])
+    assert "train topk on bible_de_en_full (seed 3)" in third and "decode softmax on bible_de_en_full test (seed 3)" in third
+    assert all("(seed 3)" in label or label.startswith("prepare ") for label in third)
+    # --rows: one row's cells, with the baseline model its delta needs, and nothing of the baseline's own cells
+    topk_only = to_run(config, [1, 2, 3], rows=["topk"])
+    assert "train softmax on bible_de_en_full (seed 3)" in topk_only and "attention sparsity of topk on bible_de_en_full (seed 3)" in topk_only
+    assert "attention sparsity of softmax on bible_de_en_full (seed 3)" not in topk_only and set(topk_only) < set(third)
+    assert tables.main([str(config), *fresh, "--rows", "topk", "nope"]) == 1
+    assert "--rows: no row 'nope' in seeds (rows: softmax, topk)" in capsys.readouterr().err
+    # changed arguments are other commands: the record does not answer for them, and they run again
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(STUDY_LIKE.replace("--attn-k 2", "--attn-k 3"))
+    again = to_run(changed, [1])
+    assert "train topk on bible_de_en_full (seed 1)" in again and "attention sparsity of topk on bible_de_en_full (seed 1)" in again
+    assert "attention sparsity of softmax on bible_de_en_full (seed 1)" not in again  # softmax's cells are the same commands
+
 
 def test_training_time_adds_the_legs_of_a_resumed_run(tmp_path):
     from fairseq_sparse.experiments.measures import best_valid_loss, trained_epochs, training_seconds
@@ -322,6 +375,14 @@ def test_report_names_the_models_whose_training_time_is_a_shared_machines(config
     untimed = tables.Plan(load_table(write_table(configs, GOOD), "smoke", configs), tmp_path / "t", tmp_path / "data", None,
                           models_root=tmp_path / "models")
     assert side_by_side_trainings(untimed) == []  # no column reads the clock: nothing to say
+    # a machine that no longer has the log reads it from the record of the training-time cell
+    from fairseq_sparse.experiments.record import Record, Recorded
+
+    log.unlink()
+    record = Record(tmp_path / "results", "t")
+    record.put(("iwslt14_de_en", "a", "min", 1), Recorded("key", 1.5, "", True))
+    record.save()
+    assert side_by_side_trainings(plan) == [] and side_by_side_trainings(plan, Record(tmp_path / "results", "t")) == ["a seed 1"]
 
 
 def test_curves_plot_every_models_validation_loss_per_epoch(configs, tmp_path):
@@ -341,5 +402,17 @@ def test_curves_plot_every_models_validation_loss_per_epoch(configs, tmp_path):
     with open(plan.out / "t.curves.csv", encoding="utf-8") as f:  # row b reuses a's model: once
         assert [(r["row"], r["seed"], r["epoch"], r["valid_loss"]) for r in csv.DictReader(f)] == [
             ("a", "1", "1", "7.5"), ("a", "1", "2", "6.0"), ("a", "1", "3", "5.5")]
+    # the curve of a model whose log this machine no longer has is kept from the record (by model name)
+    from fairseq_sparse.experiments.record import Record
+
+    results = tmp_path / "results"
+    results.mkdir()
+    kept = f"dataset,row,seed,model,epoch,valid_loss\niwslt14_de_en,a,2,{plan.run_dir(ds, a, 2).name},1,8.5\n" \
+           "iwslt14_de_en,a,2,a-000000000000,2,1.0\n"  # another model's (other arguments): not this one's
+    (results / "t.curves.csv").write_text(kept)
+    write_curves(plan, Record(results, "t"))
+    with open(plan.out / "t.curves.csv", encoding="utf-8") as f:
+        assert [(r["seed"], r["epoch"], r["valid_loss"]) for r in csv.DictReader(f)] == [
+            ("1", "1", "7.5"), ("1", "2", "6.0"), ("1", "3", "5.5"), ("2", "1", "8.5")]
     with pytest.raises(ConfigError, match="curves must be true or false"):
         load_table(write_table(configs, GOOD + "curves: sometimes\n"), "smoke", configs)

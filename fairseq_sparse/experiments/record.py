@@ -1,0 +1,156 @@
+"""The record of finished cells (``--record DIR``): every seed's measured value kept beside the
+committed results, so a table run over many sittings survives a machine that does not keep ``runs/``.
+
+A long study (the CPU study: days of a 2-core machine) runs in sittings, and a sitting may start on a
+fresh machine whose trained models, decodes and logs are gone. Its results must not go with them:
+the record holds one line per (dataset, row, column, seed) with the value the report measured and
+the identity of the commands that produced it (their outputs' paths, which carry the digests of the
+training and decoding arguments). The report reads a cell from the record when the commands are the
+same, and the runner runs only the commands of cells not recorded, so a new sitting goes on with the
+seeds still missing instead of training finished ones again. Changing a row's arguments changes its
+commands' identity: its recorded values no longer match, and it runs again. Deleting a line runs its
+cell again.
+
+``DIR/NAME.seeds.csv`` holds the cells; ``DIR/NAME.curves.csv`` (which the report writes) the
+validation loss per epoch of models whose training logs this machine no longer has.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from fairseq_sparse.experiments.plan import Plan, Step
+    from fairseq_sparse.experiments.schema import Column, Dataset, Row
+
+Cell = Tuple[str, str, str, int]  # dataset, row, column, seed
+FIELDS = ["dataset", "row", "column", "seed", "commands", "value", "signature", "side_by_side"]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    commands: str  # digest of the cell's commands' outputs (see ``commands_key``)
+    value: Optional[float]  # None: the measure does not apply to the row
+    signature: str  # the BLEU signature of the column, if it has one
+    side_by_side: bool  # its training shared the machine (the report's note on training times)
+
+
+def cell_steps(plan: "Plan", ds: "Dataset", row: "Row", col: "Column", seed: int) -> List["Step"]:
+    """The commands one cell of one seed needs: its models' training and its measurement."""
+    rows = [row] + ([plan.table.row(col.baseline)] if col.baseline else [])
+    steps = [step for r in rows for step in plan.train_steps(ds, plan.trained_row(r), seed)]
+    return steps + plan.measure_steps(ds, row, col, seed)
+
+
+def commands_key(plan: "Plan", steps: Iterable["Step"]) -> str:
+    """Digest of the steps' outputs relative to the plan's output and models directories: what the
+    commands are (digests of their arguments are in those paths), not where this checkout keeps them."""
+    names = []
+    for step in steps:
+        for root, name in ((plan.models_root, "models"), (plan.out, "out")):
+            if step.output.is_relative_to(root):
+                names.append(f"{name}/{step.output.relative_to(root)}")
+                break
+        else:
+            names.append(str(step.output))
+    return hashlib.sha1("\n".join(sorted(names)).encode()).hexdigest()[:16]
+
+
+class Record:
+    """The cells of one table recorded in ``directory`` (a file per table; absent: nothing recorded)."""
+
+    def __init__(self, directory: Path, table: str):
+        self.directory = directory
+        self.path = directory / f"{table}.seeds.csv"
+        self.curves_path = directory / f"{table}.curves.csv"
+        self.cells: Dict[Cell, Recorded] = {}
+        if self.path.is_file():
+            with open(self.path, encoding="utf-8") as f:
+                for line in csv.DictReader(f):
+                    value = None if line["value"] == "" else float(line["value"])
+                    self.cells[line["dataset"], line["row"], line["column"], int(line["seed"])] = Recorded(
+                        line["commands"], value, line["signature"], line["side_by_side"] == "1")
+
+    def get(self, cell: Cell, commands: str) -> Optional[Recorded]:
+        """The recorded cell if it was measured from the same commands."""
+        found = self.cells.get(cell)
+        return found if found and found.commands == commands else None
+
+    def put(self, cell: Cell, recorded: Recorded) -> None:
+        self.cells[cell] = recorded
+
+    def save(self) -> None:
+        """Write the file whole, then move it into place: a sitting killed while writing loses nothing."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(".csv.partial")
+        with open(partial, "w", encoding="utf-8", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            for (dataset, row, column, seed), r in sorted(self.cells.items()):
+                writer.writerow({"dataset": dataset, "row": row, "column": column, "seed": seed, "commands": r.commands,
+                                 "value": "" if r.value is None else f"{r.value:.6f}", "signature": r.signature,
+                                 "side_by_side": int(r.side_by_side)})
+        os.replace(partial, self.path)
+
+    def has_heatmap(self) -> bool:
+        """Whether the folder keeps the table's attention heatmaps (not drawn again: delete them to redraw)."""
+        return any((self.directory / "heatmap").glob("*.png"))
+
+    def curves(self) -> List[dict]:
+        """The recorded validation-loss curves: lines of ``NAME.curves.csv`` (dataset, row, seed, model, epoch, valid_loss)."""
+        if not self.curves_path.is_file():
+            return []
+        with open(self.curves_path, encoding="utf-8") as f:
+            return [dict(line, seed=int(line["seed"]), epoch=int(line["epoch"]), valid_loss=float(line["valid_loss"]))
+                    for line in csv.DictReader(f) if line.get("model")]
+
+
+def steps_to_run(plan: "Plan", steps: List["Step"], record: Optional[Record], rows: Optional[List[str]] = None) -> List["Step"]:
+    """The plan's steps that a cell not yet recorded needs (of ``rows`` only, if given), with the models
+    those read in turn (a fine-tune's base model); the data preparation if anything runs; the heatmap
+    if the record has none and no rows were chosen."""
+    trains: Dict[tuple, List["Step"]] = {}
+    for step in steps:
+        if step.model:
+            trains.setdefault(step.model, []).append(step)
+    wanted: set = set()
+
+    def want(step: "Step") -> None:
+        if step.output not in wanted:
+            wanted.add(step.output)
+            for model in step.needs:
+                for training in trains.get(model, []):
+                    want(training)
+
+    for col in plan.table.columns:
+        ds = plan.table.datasets[col.dataset]
+        for row in [r for r in plan.table.rows if plan.applies(ds, r) and (rows is None or r.id in rows)]:
+            for seed in plan.seeds(ds):
+                needed = cell_steps(plan, ds, row, col, seed)
+                if not (record and record.get((ds.id, row.id, col.id, seed), commands_key(plan, needed))):
+                    for step in needed:
+                        want(step)
+    if plan.table.heatmap and rows is None and not (record and record.has_heatmap()):
+        want(plan.heatmap_step())
+    return [s for s in steps if s.output in wanted or (s.kind == "prep" and wanted)]
+
+
+def publish(plan: "Plan", record: Record) -> None:
+    """Copy the table's report (Markdown, CSV, plots, commands, heatmaps) into the record's folder."""
+    name = plan.table.name
+    copies = [(plan.out / f"{name}{suffix}", record.directory / f"{name}{suffix}")
+              for suffix in (".md", ".csv", ".png", ".curves.png", ".curves.csv")]
+    copies.append((plan.out / "commands.sh", record.directory / f"{name}.commands.sh"))
+    if (plan.out / "heatmap" / "heatmap.md").is_file():
+        copies += [(f, record.directory / "heatmap" / f.name) for f in (plan.out / "heatmap").iterdir()
+                   if f.suffix in (".png", ".md")]
+    for source, target in copies:
+        if source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)

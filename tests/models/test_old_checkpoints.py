@@ -39,5 +39,6 @@ def test_an_earlier_versions_checkpoint_decodes_as_it_did(bible, name):
     for key, fields in then.items():
         if key[0] == "H":  # score, tokens
             assert float(now[key][0]) == pytest.approx(float(fields[0]), abs=1e-4) and now[key][1] == fields[1], key
-        else:  # one score per position
-            assert [float(x) for x in now[key][0].split()] == pytest.approx([float(x) for x in fields[0].split()], abs=1e-4), key
+        else:  # one score per position, printed rounded to 4 decimals: a difference of 1e-6 in the score
+            # (another CPU's summation order) can move the last printed digit by one, which reads as 1.0000000001e-4
+            assert [float(x) for x in now[key][0].split()] == pytest.approx([float(x) for x in fields[0].split()], abs=1.5e-4), key

@@ -222,6 +222,28 @@ def test_demo_table_in_smoke_profile(smoke_root, capsys):
     assert "FAILED" not in printed and "L0Drop sparsity of softmax" not in printed  # no gates: nothing to run
 
 
+def test_a_recorded_table_keeps_its_heatmaps_and_needs_no_model_again(smoke_root, tmp_path, capsys):
+    """--record copies the whole report (heatmaps and commands too) and records every cell; from the
+    record alone no step of the table is needed, the heatmap (which reads every row's model) included."""
+    from fairseq_sparse.experiments.record import Record, steps_to_run
+
+    results = tmp_path / "results"
+    status = tables.main([str(ROOT / "configs" / "tables" / "demo.yaml"), "--profile", "smoke", "--out", str(smoke_root / "demo"),
+                          "--models-root", str(smoke_root / "models"), "--data-root", str(smoke_root / "data"),
+                          "--record", str(results)])
+    assert status == 0 and "[1/" not in capsys.readouterr().out
+    assert (results / "demo.seeds.csv").read_text().count("\n") == 1 + 6 * 4
+    assert list((results / "heatmap").glob("*.png")) and (results / "demo.commands.sh").is_file()
+    md = (results / "demo.md").read_text()
+    assert "Attention heatmaps: ![" in md and md == (smoke_root / "demo" / "demo.md").read_text()
+    plan = tables.Plan(load_table(ROOT / "configs" / "tables" / "demo.yaml", "smoke"), tmp_path / "fresh",
+                       tmp_path / "data", None, models_root=tmp_path / "models")
+    assert steps_to_run(plan, plan.steps(), Record(results, "demo")) == []
+    (results / "demo.seeds.csv").unlink()  # without the cells: every step again, the heatmap still kept
+    assert {s.kind for s in steps_to_run(plan, plan.steps(), Record(results, "demo"))} == {
+        "prep", "train", "average", "generate", "speed", "attn_sparsity", "sparsity"}
+
+
 def test_a_fine_tune_cut_short_resumes_from_its_own_checkpoint(smoke_root):
     """The demo's L0Drop fine-tune started from the softmax model; launched again with a later
     --max-update, it goes on from its checkpoint_last.pt instead of fine-tuning from update 0."""

@@ -108,7 +108,7 @@ def execute(plan: Plan, steps: List[Step], jobs: int = 1, finished: Callable[[],
         for step in steps:
             f.write(f"# {step.label}\n{relative_to_cwd(shlex.join(step.argv))} > {shlex.quote(relative_to_cwd(str(step.log)))} 2>&1\n")
     todo = [s for s in (steps if needed is None else needed) if not done(s)]
-    recorded = f", {len(steps) - len(needed)} not needed (their cells are recorded)" if needed is not None else ""
+    recorded = f", {len(steps) - len(needed)} not needed (their cells are recorded, or their rows not chosen)" if needed is not None else ""
     print(f"{plan.table.name} ({plan.table.profile}): {len(steps)} steps, {len(todo)} to run{recorded}; "
           f"commands in {plan.out / 'commands.sh'}", flush=True)
     failed: set = set()

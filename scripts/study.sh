@@ -9,7 +9,7 @@
 #   bash scripts/study.sh --report-only  # tables (Markdown, CSV, PNG) from the finished steps
 #   TABLES="study_de_en" bash scripts/study.sh   # one table only
 #   TABLES="study_de_en" bash scripts/study.sh --rows softmax l0drop   # these rows only, with the models
-#                                        # they need (what fits in one sitting: ~1.5 h a model alone)
+#                                        # they need (what fits in one sitting: ~2 h a model alone)
 #   JOBS=1 bash scripts/study.sh         # one training at a time (default 2: two trainings side by side,
 #                                        # the cores split between them; decodes still run alone)
 # Every finished cell (each seed's value, with the identity of the commands that measured it) is kept in

@@ -10,7 +10,8 @@ from fairseq_sparse.experiments.cli import build_parser, main  # noqa: F401
 from fairseq_sparse.experiments.errors import ConfigError, StepError  # noqa: F401
 from fairseq_sparse.experiments.measures import MEASURES  # noqa: F401
 from fairseq_sparse.experiments.plan import Plan, Step  # noqa: F401
-from fairseq_sparse.experiments.report import collect, write_report  # noqa: F401
+from fairseq_sparse.experiments.cells import collect  # noqa: F401
+from fairseq_sparse.experiments.report import write_report  # noqa: F401
 from fairseq_sparse.experiments.schema import CONFIGS, load_table, resolve_config  # noqa: F401
 
 if __name__ == "__main__":

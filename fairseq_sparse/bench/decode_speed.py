@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import List, Tuple
 
-from fairseq_sparse.experiments.measures import decode_seconds, decode_speeds, decode_tokens_per_second
+from fairseq_sparse.experiments.outputs import decode_seconds, decode_speeds, decode_tokens_per_second
 
 FIELDS = ["label", "round", "order", "seconds", "tokens_per_second"]
 

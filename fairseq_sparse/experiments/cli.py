@@ -24,7 +24,8 @@ from typing import Optional, Sequence
 from fairseq_sparse.experiments.errors import ConfigError, StepError
 from fairseq_sparse.experiments.plan import Plan
 from fairseq_sparse.experiments.record import Record, publish, steps_to_run
-from fairseq_sparse.experiments.report import collect, write_report
+from fairseq_sparse.experiments.cells import collect
+from fairseq_sparse.experiments.report import write_report
 from fairseq_sparse.experiments.runner import dry_run, execute
 from fairseq_sparse.experiments.schema import PROFILES, load_table, resolve_config, table_names
 

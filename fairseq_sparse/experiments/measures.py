@@ -3,19 +3,26 @@
 A measure names the command output it reads (``source``: a decode, the attention analysis, the
 L0Drop sparsity count, or the training log; the plan runs those commands) and a function giving
 one seed's value. A new measure is one function and one ``register`` line; ``configs/README.md``
-lists them for table authors.
+lists them for table authors. Reading the outputs is ``outputs.py``.
+
+A relative measure compares a row with the column's baseline row of the same seed. Where the
+comparison is a function of one number per row (a BLEU difference, a ratio of training speeds),
+the measure gives the row's own number and ``combine`` the comparison: each row's number is then
+measured, and recorded, from its own commands alone, so a later sitting that has the baseline's
+number recorded need not have (or train again) the baseline's model. A comparison measured in one
+run (decode speeds timed in turn) needs both models.
 """
 
 from __future__ import annotations
 
-import csv
-import re
-import statistics
+import operator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
-from fairseq_sparse.experiments.errors import StepError
+from fairseq_sparse.experiments.outputs import (attention_sparsity, best_valid_loss, bleu, decode_seconds, decode_speeds,
+                                                l0drop_sparsity, null_rate, trained_epochs, trained_params,
+                                                train_words_per_second, training_seconds)
 
 if TYPE_CHECKING:  # only for annotations: the plan imports this registry
     from fairseq_sparse.experiments.plan import Plan
@@ -34,176 +41,31 @@ class Measure:
     digits: int = 2
     signed: bool = False  # printed with its sign (a difference)
     timed: bool = False  # read from the training's clock: a run beside others (--jobs) changes it
+    # relative measures only: the value from the row's own number and the baseline's (``value`` gives one
+    # row's number); None: ``value`` compares the two itself, from commands that read both models
+    combine: Optional[Callable[[float, float], float]] = None
+
+    def reads_baseline_model(self) -> bool:
+        """Whether one seed's value needs the baseline row's model (not only its recorded number)."""
+        return self.relative and self.combine is None
 
 
 MEASURES: Dict[str, Measure] = {}
 
 
-def register(name: str, source: str, relative: bool = False, digits: int = 2, signed: bool = False, timed: bool = False):
+def register(name: str, source: str, relative: bool = False, digits: int = 2, signed: bool = False, timed: bool = False,
+             combine: Optional[Callable[[float, float], float]] = None):
     """Decorator: register ``fn`` as the measure ``name``."""
     if source not in SOURCES:
         raise ValueError(f"measure {name}: source must be one of {SOURCES}, got {source!r}")
 
     def add(fn: Value) -> Value:
-        MEASURES[name] = Measure(name, source, fn, relative, digits, signed, timed)
+        MEASURES[name] = Measure(name, source, fn, relative, digits, signed, timed, combine)
         return fn
 
     return add
 
 
-# ----------------------------------------------------------------------------- reading outputs
-
-
-def compound_split(line: str) -> str:
-    """Vaswani et al.'s compound splitting for WMT14 En-De (tensor2tensor's get_ende_bleu.sh)."""
-    return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line)
-
-
-def bleu(plan: "Plan", ds: "Dataset", col: "Column", generated: Path) -> Tuple[float, str]:
-    """BLEU of one decode by the column's metric, with sacreBLEU's signature."""
-    from fairseq_sparse import evaluate
-
-    data = plan.data_dir(ds)
-    if col.metric == "tokenized":
-        hyps = evaluate.read_hypotheses(str(generated), ds.tgt, detok="none")
-        tok = data / f"{col.split}.tok.{ds.tgt}"
-        if tok.is_file():
-            refs = tok.read_text(encoding="utf-8").splitlines()
-        elif ds.post_process in ("subword_nmt", "none"):  # the model's own text is Moses-tokenised (+ BPE)
-            refs = [evaluate.undo_subwords(line) for line in (data / f"{col.split}.{ds.tgt}").read_text(encoding="utf-8").splitlines()]
-        else:  # characters / sentencepiece: the text is untokenised, so Moses-tokenise both sides
-            from sacremoses import MosesTokenizer
-
-            moses = MosesTokenizer(lang=ds.tgt)
-            refs = (data / f"{col.split}.raw.{ds.tgt}").read_text(encoding="utf-8").splitlines()
-            hyps, refs = ([moses.tokenize(s, return_str=True, escape=False) for s in side] for side in (hyps, refs))
-        if col.compound_split:
-            hyps, refs = [compound_split(h) for h in hyps], [compound_split(r) for r in refs]
-        score, signature = evaluate.corpus_bleu(hyps, refs, tokenize="none", lowercase=col.lowercase)
-        return score.score, f"{signature} (Moses-tokenised{', compound-split' if col.compound_split else ''})"
-    refs = (data / f"{col.split}.raw.{ds.tgt}").read_text(encoding="utf-8").splitlines()
-    if col.metric == "d_bleu":
-        blocks = evaluate.read_hypotheses(str(generated), ds.tgt, detok="none")
-        documents = evaluate.documents_from_blocks(blocks, evaluate.read_block_documents(str(data / f"{col.split}.blocks.tsv")),
-                                                   evaluate.detokenizer(ds.tgt, ds.detok))
-        score, signature = evaluate.corpus_bleu(documents, refs, col.sacrebleu_tokenize, col.lowercase)
-        return score.score, f"{signature} (d-BLEU over {len(documents)} documents)"
-    hyps = evaluate.read_hypotheses(str(generated), ds.tgt, detok=ds.detok)
-    score, signature = evaluate.corpus_bleu(hyps, refs, col.sacrebleu_tokenize, col.lowercase)
-    return score.score, str(signature)
-
-
-def decode_seconds(generated: Path) -> float:
-    match = re.search(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in ([\d.]+)s", generated.read_text(encoding="utf-8"))
-    if not match:
-        raise StepError(f"{generated}: no 'Translated ... in Ns' line; was decoding cut short?")
-    return float(match.group(1))
-
-
-def decode_tokens_per_second(generated: Path) -> float:
-    match = re.search(r"Translated [\d,]+ sentences .*?, ([\d.]+) tokens/s\)", generated.read_text(encoding="utf-8"))
-    if not match:
-        raise StepError(f"{generated}: no 'Translated ... tokens/s' line; was decoding cut short?")
-    return float(match.group(1))
-
-
-def decode_speeds(csv_path: Path, field: str) -> Dict[str, float]:
-    """{label: median ``field`` (seconds, tokens_per_second) over the rounds} of a ``bench.decode_speed`` CSV."""
-    with open(csv_path, encoding="utf-8") as f:
-        lines = list(csv.DictReader(f))
-    labels = dict.fromkeys(line["label"] for line in lines)
-    return {label: statistics.median(float(x[field]) for x in lines if x["label"] == label) for label in labels}
-
-
-def train_words_per_second(log: Path) -> float:
-    """Median words/s of the logged training intervals (the first one, warm-up, left out when there are more)."""
-    rates = [float(m.group(1)) for line in log.read_text(encoding="utf-8").splitlines()
-             if "train_inner" in line or "| train |" in line for m in [re.search(r"\bwps (\d+(?:\.\d+)?)", line)] if m]
-    if not rates:
-        raise StepError(f"{log}: no 'wps' in the training log; lower --log-interval")
-    return statistics.median(rates[1:] if len(rates) > 2 else rates)
-
-
-def trained_params(log: Path) -> int:
-    match = re.search(r"num\. (?:shared )?model params: [\d,]+ \(num\. trained: ([\d,]+)\)", log.read_text(encoding="utf-8"))
-    if not match:
-        raise StepError(f"{log}: no parameter count in the training log")
-    return int(match.group(1).replace(",", ""))
-
-
-VALID_LOSS = re.compile(r"\| valid on 'valid' subset \| loss ([\d.]+)")
-EPOCH_VALID_LOSS = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)")
-EPOCH_DONE = re.compile(r"end of epoch (\d+)")
-WALL = re.compile(r"\bwall[= ](\d+(?:\.\d+)?)")  # not train_wall
-
-
-def logged_values(log: Path, pattern: re.Pattern, missing: str) -> List[float]:
-    """Every value ``pattern`` captures in a training log, in order; StepError naming ``missing`` if none."""
-    values = [float(m.group(1)) for m in pattern.finditer(log.read_text(encoding="utf-8"))]
-    if not values:
-        raise StepError(f"{log}: {missing} in the training log")
-    return values
-
-
-def trained_epochs(log: Path) -> int:
-    """The number of epochs training ran (early stopping by --patience ends it before --max-epoch)."""
-    return int(max(logged_values(log, EPOCH_DONE, "no 'end of epoch' line")))
-
-
-def training_seconds(log: Path) -> float:
-    """fairseq's wall-clock time of a training run, validation included: its last ``wall`` value, summed
-    over the legs of a run that was stopped and resumed (fairseq restarts the clock; the log is appended)."""
-    walls = logged_values(log, WALL, "no 'wall' time")
-    ends = [a for a, b in zip(walls, walls[1:]) if b < a]  # the clock went back: the previous leg ended at a
-    return sum(ends) + walls[-1]
-
-
-# the table runner's line in the log of a training it ran beside others (--jobs)
-SIDE_BY_SIDE_MARK = "fairseq_sparse.tables: this leg trained side by side with other jobs"
-
-
-def trained_side_by_side(log: Path) -> bool:
-    """Whether any leg of the run shared the machine with other trainings (its clock then ran slower)."""
-    return log.is_file() and SIDE_BY_SIDE_MARK in log.read_text(encoding="utf-8", errors="replace")
-
-
-def valid_loss_per_epoch(log: Path) -> Dict[int, float]:
-    """{epoch: validation loss} of a training run ({} without validation); an epoch logged twice (a
-    leg killed between validating and saving, run again) keeps its last value."""
-    if not log.is_file():
-        return {}
-    return {int(m.group(1)): float(m.group(2)) for m in EPOCH_VALID_LOSS.finditer(log.read_text(encoding="utf-8", errors="replace"))}
-
-
-def best_valid_loss(log: Path) -> float:
-    """The lowest validation loss (base 2, fairseq's) of a training run."""
-    return min(logged_values(log, VALID_LOSS, "no validation line (training ran with --disable-validation?)"))
-
-
-def l0drop_sparsity(output: Path) -> float:
-    match = re.search(r"(\d+) of (\d+) source encodings pruned", output.read_text(encoding="utf-8"))
-    if not match:
-        raise StepError(f"{output}: no sparsity line")
-    return 100.0 * int(match.group(1)) / max(int(match.group(2)), 1)
-
-
-def attention_sparsity(csv_path: Path) -> float:
-    """% of attention weights exactly 0, over every sublayer, layer and head."""
-    with open(csv_path, encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    weights = sum(int(r["weights"]) for r in rows)
-    return 100.0 * sum(float(r["sparsity"]) * int(r["weights"]) for r in rows) / max(weights, 1)
-
-
-def null_rate(csv_path: Path) -> float:
-    """% of queries whose attention weights are all 0 (ReLA's null attention), over every sublayer, layer and head."""
-    with open(csv_path, encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    queries = sum(int(r["queries"]) for r in rows)
-    return 100.0 * sum(float(r["null_rate"]) * int(r["queries"]) for r in rows) / max(queries, 1)
-
-
-# ----------------------------------------------------------------------------- the measures
 
 
 def _generated(plan: "Plan", ds, row, col, seed: int) -> Path:
@@ -214,17 +76,11 @@ def _train_log(plan: "Plan", ds, row, seed: int) -> Path:
     return plan.run_dir(ds, row, seed) / "train.log"
 
 
+@register("bleu_delta", "decode", relative=True, signed=True, combine=operator.sub)  # minus the baseline's, same seed
 @register("bleu", "decode")
 def bleu_score(plan, ds, row, col, seed, signatures):
     value, signatures[col.id] = bleu(plan, ds, col, _generated(plan, ds, row, col, seed))
     return value
-
-
-@register("bleu_delta", "decode", relative=True, signed=True)
-def bleu_delta(plan, ds, row, col, seed, signatures):
-    """BLEU minus the baseline row's BLEU for the same seed."""
-    ours, signatures[col.id] = bleu(plan, ds, col, _generated(plan, ds, row, col, seed))
-    return ours - bleu(plan, ds, col, _generated(plan, ds, plan.table.row(col.baseline), col, seed))[0]
 
 
 @register("decode_time", "decode", digits=1)
@@ -252,10 +108,10 @@ def decode_token_speedup(plan, ds, row, col, seed, signatures):
     return _speed_ratio(plan, ds, row, col, seed, "tokens_per_second")
 
 
-@register("train_speedup", "train_log", relative=True, timed=True)
-def train_speedup(plan, ds, row, col, seed, signatures):
-    baseline = train_words_per_second(_train_log(plan, ds, plan.table.row(col.baseline), seed))
-    return train_words_per_second(_train_log(plan, ds, row, seed)) / baseline
+@register("train_speedup", "train_log", relative=True, timed=True, combine=operator.truediv)  # over the baseline's
+def train_words(plan, ds, row, col, seed, signatures):
+    """Median training words/s of the row's run."""
+    return train_words_per_second(_train_log(plan, ds, row, seed))
 
 
 @register("params_m", "train_log", digits=1)

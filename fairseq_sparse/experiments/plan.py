@@ -77,6 +77,10 @@ class Plan:
             return self.seeds_override
         return list((self.table.smoke if self.smoke else ds.setting).get("seeds", ds.setting.get("seeds", [1])))
 
+    def column_seeds(self, ds: Dataset, col: Column) -> List[int]:
+        """The seeds the column is measured on: the dataset's, or its first ``first_seeds`` of them."""
+        return self.seeds(ds)[:col.first_seeds]
+
     def setting(self, ds: Dataset, row: Row) -> dict:
         row = self.trained_row(row)
         return self.table.settings[row.setting] if row.setting else ds.setting
@@ -219,7 +223,7 @@ class Plan:
         if source == "speed":  # the baseline's speed relative to itself is 1 by definition: no command
             return [] if row.id == col.baseline else [self.speed_step(ds, row, col, seed)]
         if source == "decode":
-            rows = [row] + ([self.table.row(col.baseline)] if MEASURES[col.measure].relative else [])
+            rows = [row] + ([self.table.row(col.baseline)] if MEASURES[col.measure].reads_baseline_model() else [])
             return [self.generate_step(ds, r, col, seed) for r in rows]
         return []
 
@@ -248,7 +252,8 @@ class Plan:
                     for step in self.train_steps(ds, row, seed):
                         add(step)
                     trained.add(self.model_key(ds, row, seed))
-                    waiting += [step for col in columns for step in self.measure_steps(ds, row, col, seed)]
+                    waiting += [step for col in columns if seed in self.column_seeds(ds, col)
+                                for step in self.measure_steps(ds, row, col, seed)]
                     for step in [s for s in waiting if set(s.needs) <= trained]:
                         add(step)
                     waiting = [s for s in waiting if not set(s.needs) <= trained]

@@ -11,6 +11,10 @@ seeds still missing instead of training finished ones again. Changing a row's ar
 commands' identity: its recorded values no longer match, and it runs again. Deleting a line runs its
 cell again.
 
+A relative cell whose value is a function of one number per row (a BLEU difference: the measure's
+``combine``) records the row's own number (``own``) from the row's own commands, and its value is
+computed again from the baseline's recorded number: a later sitting needs neither model again.
+
 ``DIR/NAME.seeds.csv`` holds the cells; ``DIR/NAME.curves.csv`` (which the report writes) the
 validation loss per epoch of models whose training logs this machine no longer has.
 """
@@ -25,12 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
+from fairseq_sparse.experiments.measures import MEASURES
+
 if TYPE_CHECKING:
     from fairseq_sparse.experiments.plan import Plan, Step
     from fairseq_sparse.experiments.schema import Column, Dataset, Row
 
 Cell = Tuple[str, str, str, int]  # dataset, row, column, seed
-FIELDS = ["dataset", "row", "column", "seed", "commands", "value", "signature", "side_by_side"]
+FIELDS = ["dataset", "row", "column", "seed", "commands", "value", "signature", "side_by_side", "own"]
 
 
 @dataclass(frozen=True)
@@ -39,11 +45,13 @@ class Recorded:
     value: Optional[float]  # None: the measure does not apply to the row
     signature: str  # the BLEU signature of the column, if it has one
     side_by_side: bool  # its training shared the machine (the report's note on training times)
+    own: Optional[float] = None  # a measure with ``combine``: the row's own number (value: the two combined, once known)
 
 
 def cell_steps(plan: "Plan", ds: "Dataset", row: "Row", col: "Column", seed: int) -> List["Step"]:
-    """The commands one cell of one seed needs: its models' training and its measurement."""
-    rows = [row] + ([plan.table.row(col.baseline)] if col.baseline else [])
+    """The commands one cell of one seed needs: its models' training and its measurement (of a measure
+    with ``combine``, the row's own: the baseline's number is the baseline's own cell)."""
+    rows = [row] + ([plan.table.row(col.baseline)] if MEASURES[col.measure].reads_baseline_model() else [])
     steps = [step for r in rows for step in plan.train_steps(ds, plan.trained_row(r), seed)]
     return steps + plan.measure_steps(ds, row, col, seed)
 
@@ -74,8 +82,9 @@ class Record:
             with open(self.path, encoding="utf-8") as f:
                 for line in csv.DictReader(f):
                     value = None if line["value"] == "" else float(line["value"])
+                    own = line.get("own") or None  # absent from records written before it existed
                     self.cells[line["dataset"], line["row"], line["column"], int(line["seed"])] = Recorded(
-                        line["commands"], value, line["signature"], line["side_by_side"] == "1")
+                        line["commands"], value, line["signature"], line["side_by_side"] == "1", own and float(own))
 
     def get(self, cell: Cell, commands: str) -> Optional[Recorded]:
         """The recorded cell if it was measured from the same commands."""
@@ -95,7 +104,7 @@ class Record:
             for (dataset, row, column, seed), r in sorted(self.cells.items()):
                 writer.writerow({"dataset": dataset, "row": row, "column": column, "seed": seed, "commands": r.commands,
                                  "value": "" if r.value is None else f"{r.value:.6f}", "signature": r.signature,
-                                 "side_by_side": int(r.side_by_side)})
+                                 "side_by_side": int(r.side_by_side), "own": "" if r.own is None else f"{r.own:.6f}"})
         os.replace(partial, self.path)
 
     def has_heatmap(self) -> bool:
@@ -131,9 +140,11 @@ def steps_to_run(plan: "Plan", steps: List["Step"], record: Optional[Record], ro
     for col in plan.table.columns:
         ds = plan.table.datasets[col.dataset]
         for row in [r for r in plan.table.rows if plan.applies(ds, r) and (rows is None or r.id in rows)]:
-            for seed in plan.seeds(ds):
-                needed = cell_steps(plan, ds, row, col, seed)
-                if not (record and record.get((ds.id, row.id, col.id, seed), commands_key(plan, needed))):
+            # a combined cell's value also needs the baseline's own number: its cell's steps if not recorded
+            cells = [row] + ([plan.table.row(col.baseline)] if MEASURES[col.measure].combine else [])
+            for seed, r in [(seed, r) for seed in plan.column_seeds(ds, col) for r in cells]:
+                needed = cell_steps(plan, ds, r, col, seed)
+                if not (record and record.get((ds.id, r.id, col.id, seed), commands_key(plan, needed))):
                     for step in needed:
                         want(step)
     if plan.table.heatmap and rows is None and not (record and record.has_heatmap()):

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import csv
-import logging
-import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from fairseq_sparse.analysis.report import pyplot
-from fairseq_sparse.experiments.errors import StepError
-from fairseq_sparse.experiments.measures import MEASURES, trained_side_by_side, valid_loss_per_epoch
+from fairseq_sparse.experiments.cells import Results
+from fairseq_sparse.experiments.measures import MEASURES
+from fairseq_sparse.experiments.outputs import trained_side_by_side, valid_loss_per_epoch
 from fairseq_sparse.experiments.plan import Plan
-from fairseq_sparse.experiments.record import Record, Recorded, cell_steps, commands_key
-from fairseq_sparse.experiments.runner import done, relative_to_cwd
-from fairseq_sparse.experiments.schema import Column, Dataset, Row
-
-logger = logging.getLogger("fairseq_sparse.experiments")
-
+from fairseq_sparse.experiments.record import Record
+from fairseq_sparse.experiments.runner import relative_to_cwd
+from fairseq_sparse.experiments.schema import Column
 
 def fmt(value: Optional[float], col: Column, spread: Optional[Tuple[float, int]] = None) -> str:
     """A cell: the mean over seeds, "± std" when more than one seed finished."""
@@ -33,80 +28,6 @@ def fmt(value: Optional[float], col: Column, spread: Optional[Tuple[float, int]]
     return text
 
 
-FAILED = float("nan")  # a cell whose model failed to train or decode
-
-
-@dataclass
-class Results:
-    """Per (row id, column id): the mean over seeds, (std, number of seeds), and the signatures per column."""
-
-    means: Dict[Tuple[str, str], float] = field(default_factory=dict)
-    spreads: Dict[Tuple[str, str], Tuple[float, int]] = field(default_factory=dict)
-    signatures: Dict[str, str] = field(default_factory=dict)
-    seeds_done: Dict[str, List[int]] = field(default_factory=dict)  # per row: seeds with every cell measured
-
-    def get(self, key: Tuple[str, str]) -> Optional[float]:
-        return self.means.get(key)
-
-    def items(self):
-        return self.means.items()
-
-
-def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, record: Optional[Record] = None) -> Results:
-    """Measure every cell, averaged over seeds. ``finished_only``: seeds whose commands have not all
-    run yet are left out of a cell (a study completed over several sittings); otherwise they count as failed.
-    ``record``: a seed recorded from the same commands is read from it, and one measured here is added."""
-    results = Results()
-    for row in plan.table.rows:
-        complete: Optional[set] = None
-        for col in plan.table.columns:
-            ds = plan.table.datasets[col.dataset]
-            if not plan.applies(ds, row):
-                continue
-            values, seeds = [], []
-            for seed in plan.seeds(ds):
-                models = {plan.model_key(ds, row, seed)}
-                if col.baseline:
-                    models.add(plan.model_key(ds, plan.table.row(col.baseline), seed))
-                steps = cell_steps(plan, ds, row, col, seed)
-                cell, key = (ds.id, row.id, col.id, seed), commands_key(plan, steps)
-                recorded = record.get(cell, key) if record else None
-                finished = recorded is not None or all(done(s) for s in steps)
-                if finished_only and not finished:
-                    continue
-                seeds.append(seed)
-                if recorded:
-                    value = recorded.value
-                    if recorded.signature:
-                        results.signatures.setdefault(col.id, recorded.signature)
-                else:
-                    value = measure(plan, ds, row, col, seed, results, models & failed)
-                    if record and finished and value == value:  # a failure is not recorded: the next run tries again
-                        shared = MEASURES[col.measure].timed and trained_side_by_side(plan.run_dir(ds, row, seed) / "train.log")
-                        record.put(cell, Recorded(key, value, results.signatures.get(col.id, ""), shared))
-                if value is not None:
-                    values.append(value)
-            complete = set(seeds) if complete is None else complete & set(seeds)
-            if values:
-                results.means[row.id, col.id] = statistics.mean(values)
-                results.spreads[row.id, col.id] = (statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
-        results.seeds_done[row.id] = sorted(complete or ())
-    if record:
-        record.save()
-    return results
-
-
-def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: Results, failed_models: set) -> Optional[float]:
-    """One seed's value of one cell; FAILED if a model it needs failed or its output cannot be read."""
-    if failed_models:
-        return FAILED
-    try:
-        return MEASURES[col.measure].value(plan, ds, row, col, seed, results.signatures)
-    except (StepError, OSError, ValueError) as e:  # its decode or analysis failed (reported when it ran)
-        logger.warning("%s / %s: %s", row.id, col.id, e)
-        return FAILED
-
-
 def side_by_side_trainings(plan: Plan, record: Optional[Record] = None) -> List[str]:
     """"row seed N" of each model trained beside others, where a column reads the training's clock
     (from its log, or from the record where this machine no longer has the log)."""
@@ -114,7 +35,7 @@ def side_by_side_trainings(plan: Plan, record: Optional[Record] = None) -> List[
     for col in [c for c in table.columns if MEASURES[c.measure].timed]:
         ds = table.datasets[col.dataset]
         for row in [r for r in table.rows if plan.applies(ds, r)]:
-            for seed in plan.seeds(ds):
+            for seed in plan.column_seeds(ds, col):
                 name = f"{plan.trained_row(row).id} seed {seed}"
                 recorded = record.cells.get((ds.id, row.id, col.id, seed)) if record else None
                 if name not in shared and (trained_side_by_side(plan.run_dir(ds, row, seed) / "train.log")

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional
 
 from fairseq_sparse.experiments.errors import ConfigError, StepError
 from fairseq_sparse.experiments.machine import SharedMachine, sigterm_as_exit
-from fairseq_sparse.experiments.measures import SIDE_BY_SIDE_MARK
+from fairseq_sparse.experiments.outputs import SIDE_BY_SIDE_MARK
 from fairseq_sparse.experiments.plan import Plan, Step
 
 

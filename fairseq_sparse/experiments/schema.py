@@ -65,6 +65,7 @@ class Column:
     baseline: Optional[str] = None
     generate_args: str = ""
     rounds: int = 3  # speed measures: rounds of decoding the row and its baseline in turn (smoke: 1)
+    first_seeds: Optional[int] = None  # measured on the dataset's first N seeds only (None: every seed)
 
 
 @dataclass
@@ -188,6 +189,9 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
             raise ConfigError(f"{where}: d_bleu needs a document-level dataset, {c.dataset} is not one")
         if not isinstance(c.rounds, int) or isinstance(c.rounds, bool) or c.rounds < 1:
             raise ConfigError(f"{where}: rounds must be a whole number of at least 1, got {c.rounds!r}")
+        if c.first_seeds is not None and (not isinstance(c.first_seeds, int) or isinstance(c.first_seeds, bool)
+                                          or c.first_seeds < 1):
+            raise ConfigError(f"{where}: first_seeds must be a whole number of at least 1, got {c.first_seeds!r}")
         if MEASURES[c.measure].relative and c.baseline not in row_ids:
             raise ConfigError(f"{where}: {c.measure} needs 'baseline:' naming a row, got {c.baseline!r}")
     seen: List[str] = []

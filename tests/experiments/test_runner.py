@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from fairseq_sparse import tables
-from fairseq_sparse.experiments.measures import trained_side_by_side
+from fairseq_sparse.experiments.outputs import trained_side_by_side
 from fairseq_sparse.experiments.plan import Step
 from fairseq_sparse.experiments.runner import execute, run_side_by_side, run_step
 
@@ -108,7 +108,7 @@ RUNNER = r"""
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from fairseq_sparse.experiments.measures import trained_side_by_side
+from fairseq_sparse.experiments.outputs import trained_side_by_side
 from fairseq_sparse.experiments.plan import Step
 from fairseq_sparse.experiments.runner import execute
 

@@ -68,6 +68,7 @@ rows: [{id: a, label: A}, {id: b, label: B, reuse: a}]
     (("measure: bleu}", "measure: decode_speedup}"), "needs 'baseline:' naming a row"),
     (("measure: bleu}", "measure: bleu, metric: d_bleu}"), "d_bleu needs a document-level dataset"),
     (("measure: bleu}", "measure: decode_speedup, baseline: a, rounds: 0}"), "rounds must be a whole number of at least 1, got 0"),
+    (("measure: bleu}", "measure: bleu, first_seeds: 0}"), "first_seeds must be a whole number of at least 1, got 0"),
     (("columns: [{id: bleu, label: BLEU", "columns: [{id: null, label: BLEU"), "column None: id must be a non-empty string"),
     (("{id: a, label: A}", "{id: a, label: 12}"), "row 'a': label must be a non-empty string, got 12"),
 ])
@@ -133,6 +134,22 @@ def test_a_speed_column_times_the_row_and_its_baseline_in_one_run(configs, tmp_p
         elsewhere = tables.Plan(table, tmp_path, tmp_path / "other-data", None)
         assert elsewhere.speed_step(ds, table.row("b"), col, 1).output == step.output
         assert elsewhere.speed_step(ds, table.row("b"), col, 1).argv != step.argv
+
+
+def test_a_first_seeds_column_runs_and_waits_for_the_first_seeds_only(configs, tmp_path):
+    """Decode speed on the first seed's models only: a later seed's row then needs no baseline model."""
+    from fairseq_sparse.experiments.record import steps_to_run
+
+    speed = "{id: speed, label: S, dataset: iwslt14_de_en, measure: decode_token_speedup, baseline: a, first_seeds: 1}"
+    path = write_table(configs, GOOD.replace("measure: bleu}]", "measure: bleu}, " + speed + "]")
+                       .replace("{id: b, label: B, reuse: a}", "{id: b, label: B}"))
+    plan = tables.Plan(load_table(path, "paper", configs), tmp_path, tmp_path / "data", None, seeds=[1, 2])
+    labels = [s.label for s in plan.steps()]
+    assert "decode speed of b and a in turn on iwslt14_de_en test (seed 1)" in labels
+    assert not any("decode speed" in label and "(seed 2)" in label for label in labels)
+    assert "train b on iwslt14_de_en (seed 2)" in labels
+    seed_2_of_b = [s.label for s in steps_to_run(plan, plan.steps(), None, rows=["b"]) if "(seed 2)" in s.label]
+    assert seed_2_of_b == ["train b on iwslt14_de_en (seed 2)", "decode b on iwslt14_de_en test (seed 2)"]
 
 
 # ---------------------------------------------------------------- every table: commands parse
@@ -367,10 +384,31 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
     again = to_run(changed, [1])
     assert "train topk on bible_de_en_full (seed 1)" in again and "attention sparsity of topk on bible_de_en_full (seed 1)" in again
     assert "attention sparsity of softmax on bible_de_en_full (seed 1)" not in again  # softmax's cells are the same commands
+    # a difference records each row's own BLEU: a sitting that lost one row's seed runs that row alone
+    # (not the baseline's model) and takes the baseline's BLEU from the record
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    with open(results / "seeds.seeds.csv", encoding="utf-8") as f:
+        lines = list(csv.DictReader(f))
+    with open(partial / "seeds.seeds.csv", "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(lines[0]))
+        writer.writeheader()
+        writer.writerows(line for line in lines if (line["row"], line["seed"]) != ("topk", "2"))
+    assert tables.main([str(config), "--profile", "smoke", "--out", str(tmp_path / "partial-run"), "--record", str(partial),
+                        "--models-root", str(tmp_path / "partial-models"), "--data-root", str(tmp_path / "new" / "data"),
+                        "--seeds", "1", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "train topk on bible_de_en_full (seed 2)" in printed and " softmax on " not in printed
+    with open(partial / "seeds.seeds.csv", encoding="utf-8") as f:
+        after = {(line["row"], line["column"], line["seed"]): line for line in csv.DictReader(f)}
+    topk, softmax = after["topk", "delta", "2"], after["softmax", "delta", "2"]
+    assert float(topk["own"]) == pytest.approx(float(after["topk", "bleu", "2"]["value"]), abs=1e-6)
+    assert float(topk["value"]) == pytest.approx(float(topk["own"]) - float(softmax["own"]), abs=1e-5)
+    assert len(after) == len(lines)
 
 
 def test_training_time_adds_the_legs_of_a_resumed_run(tmp_path):
-    from fairseq_sparse.experiments.measures import best_valid_loss, trained_epochs, training_seconds
+    from fairseq_sparse.experiments.outputs import best_valid_loss, trained_epochs, training_seconds
 
     log = tmp_path / "train.log"
     log.write_text("epoch 001: loss=9, train_wall=3, wall=50\n| valid | epoch 001 | valid on 'valid' subset | loss 7.5 | x\n"
@@ -381,7 +419,7 @@ def test_training_time_adds_the_legs_of_a_resumed_run(tmp_path):
 
 
 def test_report_names_the_models_whose_training_time_is_a_shared_machines(configs, tmp_path):
-    from fairseq_sparse.experiments.measures import SIDE_BY_SIDE_MARK, training_seconds
+    from fairseq_sparse.experiments.outputs import SIDE_BY_SIDE_MARK, training_seconds
     from fairseq_sparse.experiments.report import side_by_side_trainings
 
     timed = GOOD.replace("measure: bleu}]", "measure: bleu}, {id: min, label: m, dataset: iwslt14_de_en, measure: train_minutes}]")

@@ -1,0 +1,127 @@
+"""Every cell of a table, one number per seed, averaged over seeds: measured from the commands'
+outputs, or read from the record of finished cells (``record.py``) when measured from the same commands."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional, Tuple
+
+from fairseq_sparse.experiments.errors import StepError
+from fairseq_sparse.experiments.measures import MEASURES
+from fairseq_sparse.experiments.outputs import trained_side_by_side
+from fairseq_sparse.experiments.plan import Plan
+from fairseq_sparse.experiments.record import Cell, Record, Recorded, cell_steps, commands_key
+from fairseq_sparse.experiments.runner import done
+from fairseq_sparse.experiments.schema import Column, Dataset, Row
+
+logger = logging.getLogger("fairseq_sparse.experiments")
+
+FAILED = float("nan")  # a cell whose model failed to train or decode
+
+
+@dataclass
+class Results:
+    """Per (row id, column id): the mean over seeds, (std, number of seeds), and the signatures per column."""
+
+    means: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    spreads: Dict[Tuple[str, str], Tuple[float, int]] = field(default_factory=dict)
+    signatures: Dict[str, str] = field(default_factory=dict)
+    seeds_done: Dict[str, List[int]] = field(default_factory=dict)  # per row: seeds with every cell measured
+
+    def get(self, key: Tuple[str, str]) -> Optional[float]:
+        return self.means.get(key)
+
+    def items(self):
+        return self.means.items()
+
+
+@dataclass(frozen=True)
+class Number:
+    """One seed's number of one cell (for a measure with ``combine``: the row's own number)."""
+
+    value: Optional[float]
+    finished: bool  # recorded, or every command it reads has run
+    cell: Cell
+    key: str  # its commands' identity in the record
+
+
+def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, record: Optional[Record] = None) -> Results:
+    """Measure every cell, averaged over seeds. ``finished_only``: seeds whose commands have not all
+    run yet are left out of a cell (a study completed over several sittings); otherwise they count as failed.
+    ``record``: a seed recorded from the same commands is read from it, and one measured here is added."""
+    table, results = plan.table, Results()
+    numbers: Dict[Tuple[str, str, int], Number] = {}
+    for col in table.columns:
+        ds = table.datasets[col.dataset]
+        for row in [r for r in table.rows if plan.applies(ds, r)]:
+            for seed in plan.column_seeds(ds, col):
+                numbers[row.id, col.id, seed] = number(plan, ds, row, col, seed, results, failed, record, finished_only)
+    for row in table.rows:
+        complete: Optional[set] = None
+        for col in table.columns:
+            ds = table.datasets[col.dataset]
+            if not plan.applies(ds, row):
+                continue
+            combine, values, seeds = MEASURES[col.measure].combine, [], []
+            for seed in plan.column_seeds(ds, col):
+                ours = numbers[row.id, col.id, seed]
+                value, finished = ours.value, ours.finished
+                if combine:  # against the baseline row's own number of the same seed
+                    base = numbers.get((col.baseline, col.id, seed))
+                    finished = finished and base is not None and base.finished
+                    value = None if value is None or base is None or base.value is None else combine(value, base.value)
+                    recorded = record.get(ours.cell, ours.key) if record else None
+                    if recorded and finished:  # the record shows the value as well as the row's own number
+                        record.put(ours.cell, replace(recorded, value=value))
+                if finished_only and not finished:
+                    continue
+                seeds.append(seed)
+                if value is not None:
+                    values.append(value)
+            not_measured = set(plan.seeds(ds)) - set(plan.column_seeds(ds, col))  # a first_seeds column
+            complete = (set(seeds) | not_measured) if complete is None else complete & (set(seeds) | not_measured)
+            if values:
+                results.means[row.id, col.id] = statistics.mean(values)
+                results.spreads[row.id, col.id] = (statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
+        results.seeds_done[row.id] = sorted(complete or ())
+    if record:
+        record.save()
+    return results
+
+
+def number(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: Results, failed: set,
+           record: Optional[Record], finished_only: bool) -> Number:
+    """One seed's number of one cell: from the record if measured from the same commands, else measured
+    (and recorded once its commands have run and it did not fail: a failure is tried again next time);
+    ``finished_only``: not measured before its commands have run."""
+    steps = cell_steps(plan, ds, row, col, seed)
+    cell, key = (ds.id, row.id, col.id, seed), commands_key(plan, steps)
+    combine = MEASURES[col.measure].combine
+    recorded = record.get(cell, key) if record else None
+    if recorded and not (combine and recorded.own is None):  # a line written before own numbers were: measure again
+        if recorded.signature:
+            results.signatures.setdefault(col.id, recorded.signature)
+        return Number(recorded.own if combine else recorded.value, True, cell, key)
+    finished = all(done(s) for s in steps)
+    if finished_only and not finished:
+        return Number(None, False, cell, key)
+    models = {step.model for step in steps if step.model}
+    value = measure(plan, ds, row, col, seed, results, models & failed)
+    if record and finished and value == value:
+        shared = MEASURES[col.measure].timed and trained_side_by_side(plan.run_dir(ds, row, seed) / "train.log")
+        signature = results.signatures.get(col.id, "")
+        record.put(cell, Recorded(key, None if combine else value, signature, shared, value if combine else None))
+    return Number(value, finished, cell, key)
+
+
+def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: Results, failed_models: set) -> Optional[float]:
+    """One seed's value of one cell; FAILED if a model it needs failed or its output cannot be read."""
+    if failed_models:
+        return FAILED
+    try:
+        return MEASURES[col.measure].value(plan, ds, row, col, seed, results.signatures)
+    except (StepError, OSError, ValueError) as e:  # its decode or analysis failed (reported when it ran)
+        logger.warning("%s / %s: %s", row.id, col.id, e)
+        return FAILED

@@ -73,7 +73,7 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, 
                     finished = finished and base is not None and base.finished
                     value = None if value is None or base is None or base.value is None else combine(value, base.value)
                     recorded = record.get(ours.cell, ours.key) if record else None
-                    if recorded and finished:  # the record shows the value as well as the row's own number
+                    if recorded and finished and value == value:  # the record shows the value beside the row's own number
                         record.put(ours.cell, replace(recorded, value=value))
                 if finished_only and not finished:
                     continue

@@ -47,17 +47,20 @@ class Number:
     key: str  # its commands' identity in the record
 
 
-def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, record: Optional[Record] = None) -> Results:
+def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, record: Optional[Record] = None,
+            ran: Optional[set] = None) -> Results:
     """Measure every cell, averaged over seeds. ``finished_only``: seeds whose commands have not all
-    run yet are left out of a cell (a study completed over several sittings); otherwise they count as failed.
-    ``record``: a seed recorded from the same commands is read from it, and one measured here is added."""
+    run yet are left out of a cell (a study completed over several sittings); otherwise they count as
+    failed, except, given ``ran`` (the outputs of the commands this run was to run), seeds whose missing
+    commands were not among them (rows not chosen by --rows). ``record``: a seed recorded from the same
+    commands is read from it, and one measured here is added. A cell with a failed seed is failed."""
     table, results = plan.table, Results()
     numbers: Dict[Tuple[str, str, int], Number] = {}
     for col in table.columns:
         ds = table.datasets[col.dataset]
         for row in [r for r in table.rows if plan.applies(ds, r)]:
             for seed in plan.column_seeds(ds, col):
-                numbers[row.id, col.id, seed] = number(plan, ds, row, col, seed, results, failed, record, finished_only)
+                numbers[row.id, col.id, seed] = number(plan, ds, row, col, seed, results, failed, record, finished_only, ran)
     for row in table.rows:
         complete: Optional[set] = None
         for col in table.columns:
@@ -82,7 +85,9 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, 
                     values.append(value)
             not_measured = set(plan.seeds(ds)) - set(plan.column_seeds(ds, col))  # a first_seeds column
             complete = (set(seeds) | not_measured) if complete is None else complete & (set(seeds) | not_measured)
-            if values:
+            if any(v != v for v in values):
+                results.means[row.id, col.id] = FAILED
+            elif values:
                 results.means[row.id, col.id] = statistics.mean(values)
                 results.spreads[row.id, col.id] = (statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
         results.seeds_done[row.id] = sorted(complete or ())
@@ -92,10 +97,10 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, 
 
 
 def number(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: Results, failed: set,
-           record: Optional[Record], finished_only: bool) -> Number:
+           record: Optional[Record], finished_only: bool, ran: Optional[set]) -> Number:
     """One seed's number of one cell: from the record if measured from the same commands, else measured
     (and recorded once its commands have run and it did not fail: a failure is tried again next time);
-    ``finished_only``: not measured before its commands have run."""
+    not measured while commands are missing if ``finished_only``, or if some were not to run (``ran``)."""
     steps = cell_steps(plan, ds, row, col, seed)
     cell, key = (ds.id, row.id, col.id, seed), commands_key(plan, steps)
     combine = MEASURES[col.measure].combine
@@ -104,9 +109,10 @@ def number(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: R
         if recorded.signature:
             results.signatures.setdefault(col.id, recorded.signature)
         return Number(recorded.own if combine else recorded.value, True, cell, key)
-    finished = all(done(s) for s in steps)
-    if finished_only and not finished:
+    missing = {s.output for s in steps if not done(s)}
+    if missing and (finished_only or (ran is not None and not missing <= ran)):
         return Number(None, False, cell, key)
+    finished = not missing
     models = {step.model for step in steps if step.model}
     value = measure(plan, ds, row, col, seed, results, models & failed)
     if record and finished and value == value:

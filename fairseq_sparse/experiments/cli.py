@@ -87,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results = collect(plan, finished_only=True, record=record)
         else:
             failed = execute(plan, steps, args.jobs, lambda: report_so_far(plan, record), needed)
-            results = collect(plan, failed, record=record)
+            results = collect(plan, failed, record=record, ran={step.output for step in needed})
         md = write_report(plan, results, record)
         if record:
             publish(plan, record)

@@ -78,7 +78,7 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, 
                     recorded = record.get(ours.cell, ours.key) if record else None
                     if recorded and finished and value == value:  # the record shows the value beside the row's own number
                         record.put(ours.cell, replace(recorded, value=value))
-                if finished_only and not finished:
+                if not finished and (finished_only or value is None):  # not measured (yet): a failure is nan
                     continue
                 seeds.append(seed)
                 if value is not None:

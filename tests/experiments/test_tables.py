@@ -401,7 +401,9 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
                         "--seeds", "1", "2", "--rows", "topk"]) == 0
     printed = capsys.readouterr().out
     assert "train topk on bible_de_en_full (seed 2)" in printed and " softmax on " not in printed
-    report = cells((tmp_path / "partial-run" / "seeds.md").read_text())
+    text = (tmp_path / "partial-run" / "seeds.md").read_text()
+    report = cells(text)
+    assert "seeds finished per row: softmax 1; topk 1,2." in text  # softmax's seed 2 lacks a cell
     assert " ± " in report["softmax"]["nulls"] and " ± " not in report["softmax"]["zero"] and "failed" not in str(report)
     with open(partial / "seeds.seeds.csv", encoding="utf-8") as f:
         after = {(line["row"], line["column"], line["seed"]): line for line in csv.DictReader(f)}

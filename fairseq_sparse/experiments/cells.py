@@ -85,15 +85,25 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, 
                     values.append(value)
             not_measured = set(plan.seeds(ds)) - set(plan.column_seeds(ds, col))  # a first_seeds column
             complete = (set(seeds) | not_measured) if complete is None else complete & (set(seeds) | not_measured)
-            if any(v != v for v in values):
-                results.means[row.id, col.id] = FAILED
-            elif values:
-                results.means[row.id, col.id] = statistics.mean(values)
-                results.spreads[row.id, col.id] = (statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
+            summary = summarise(values)
+            if summary:
+                results.means[row.id, col.id] = summary[0]
+                if summary[1] is not None:
+                    results.spreads[row.id, col.id] = summary[1]
         results.seeds_done[row.id] = sorted(complete or ())
     if record:
         record.save()
     return results
+
+
+def summarise(values: List[float]) -> Optional[Tuple[float, Optional[Tuple[float, int]]]]:
+    """One cell's seeds as (mean, (std, number of seeds)); (FAILED, None) if any seed failed (a mean
+    over the others would hide it); None if no seed was measured."""
+    if any(v != v for v in values):
+        return FAILED, None
+    if not values:
+        return None
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
 
 
 def number(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: Results, failed: set,

@@ -413,6 +413,28 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
     assert len(after) == len(lines) - 1
 
 
+def test_a_cell_with_one_failed_seed_beside_a_finished_one_reads_failed(configs, tmp_path):
+    from fairseq_sparse.experiments.cells import collect, summarise
+    from fairseq_sparse.experiments.record import Record, Recorded, cell_steps, commands_key
+
+    assert summarise([]) is None and summarise([2.0]) == (2.0, (0.0, 1))
+    assert summarise([1.0, 3.0]) == (2.0, (pytest.approx(2 ** 0.5), 2))
+    failed, spread = summarise([1.0, float("nan")])
+    assert failed != failed and spread is None  # not the mean of the seeds that finished
+    plan = tables.Plan(load_table(write_table(configs, GOOD), "smoke", configs), tmp_path / "t", tmp_path / "data", None,
+                       seeds=[1, 2], models_root=tmp_path / "models")
+    ds, a, bleu = plan.table.datasets["iwslt14_de_en"], plan.table.row("a"), plan.table.columns[0]
+    record = Record(tmp_path / "results", "t")
+    record.put((ds.id, "a", "bleu", 1), Recorded(commands_key(plan, cell_steps(plan, ds, a, bleu, 1)), 30.0, "sig", False))
+    second = cell_steps(plan, ds, a, bleu, 2)  # seed 2's training fails in this run
+    results = collect(plan, failed={s.model for s in second if s.model}, record=record, ran={s.output for s in second})
+    value = results.get(("a", "bleu"))
+    assert value != value and ("a", "bleu") not in results.spreads  # failed, and no mean ± std of seed 1 alone
+    assert results.signatures["bleu"] == "sig"
+    with open(tmp_path / "results" / "t.seeds.csv", encoding="utf-8") as f:  # seed 1 kept, the failure not recorded
+        assert [(r["row"], r["seed"], float(r["value"])) for r in csv.DictReader(f) if r["row"] == "a"] == [("a", "1", 30.0)]
+
+
 def test_training_time_adds_the_legs_of_a_resumed_run(tmp_path):
     from fairseq_sparse.experiments.outputs import best_valid_loss, trained_epochs, training_seconds
 

@@ -27,8 +27,10 @@ structured patterns) also registers that subset as a *selection*::
 
 When no weights are requested the attention module then computes the output with a
 fused kernel (``scaled_dot_product_attention``) over the keys the selection leaves,
-in query chunks for selections that read scores, instead of calling ``fn``; the two
-paths agree to float tolerance (tests/modules/test_fused_attention.py). ``register_selection``
+in query chunks for selections that read scores, instead of calling ``fn``; at length
+the selected keys are gathered instead (``modules/gathered_attention``: top-k reads the
+scores once, a pattern with a ``selection_band`` evaluates only the keys in that band).
+The paths agree to float tolerance (tests/modules/test_fused_attention.py). ``register_selection``
 registers such a method from its selection alone. Functions that need parameters of their own (a learned alpha, a
 normalisation of the head outputs) declare builders in the register call; the
 attention module owns the resulting modules and hands them over in ``ctx``.
@@ -86,6 +88,9 @@ class AttentionSpec:
     # The function is softmax over the keys this selection leaves (see the module docstring).
     selection: Optional[Callable[[Tensor, Optional[Tensor], AttentionContext], Optional[Tensor]]] = None
     selection_reads_scores: bool = False
+    # For a score-free selection: every key it leaves lies within band(k) real-token positions
+    # of its query (block, window, dilated), so at length only those candidates are evaluated.
+    selection_band: Optional[Callable[[int], int]] = None
     description: str = ""
 
 
@@ -102,6 +107,7 @@ def register_attention(
     supports_key_counts: bool = False,
     selection: Optional[Callable] = None,
     selection_reads_scores: bool = False,
+    selection_band: Optional[Callable[[int], int]] = None,
 ):
     """Decorator adding an attention function to the registry under ``name``."""
 
@@ -119,6 +125,7 @@ def register_attention(
             supports_key_counts=supports_key_counts,
             selection=selection,
             selection_reads_scores=selection_reads_scores,
+            selection_band=selection_band,
             description=(fn.__doc__ or "").strip().split("\n")[0],
         )
         return fn

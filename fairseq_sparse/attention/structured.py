@@ -45,12 +45,15 @@ DEFAULT_PATTERN_SEED = 1
 def _positions(scores: Tensor, ctx: AttentionContext) -> Tuple[Tensor, Tensor]:
     """Query positions (B|1, 1, T, 1) and key positions (B|1, 1, 1, S) as long tensors.
 
+    ``ctx.key_positions`` may also be (B|1, 1, T, n): a separate set of keys per query.
     Without positions in ctx (a bare call, no module), keys are 0..S-1 and
     self-attention queries are the last T keys, cross-attention queries 0..T-1.
     """
     num_queries, num_keys = scores.shape[-2:]
     if ctx.query_positions is not None and ctx.key_positions is not None:
-        return ctx.query_positions.unsqueeze(-1), ctx.key_positions.unsqueeze(-2)
+        keys = ctx.key_positions
+        # (B|1, 1, T, n): each query's own candidate keys (the gathered path), already per query
+        return ctx.query_positions.unsqueeze(-1), (keys if keys.dim() == 4 else keys.unsqueeze(-2))
     keys = torch.arange(num_keys, device=scores.device)
     queries = keys[-num_queries:] if ctx.self_attention and num_queries <= num_keys else torch.arange(num_queries, device=scores.device)
     return queries.view(1, 1, -1, 1), keys.view(1, 1, 1, -1)
@@ -138,7 +141,17 @@ def topk_oow_split(k: int) -> Tuple[int, int]:
     return k - k // 2, k // 2
 
 
-@register_selection("block", uses_k=True, uses_positions=True, self_attention_only=True)
+# How far (in real-token positions) from its query a banded pattern's keys can lie. One more
+# than the pattern's reach: a left-padding query has position -1 and takes keys 0..k-1.
+def _within_k(k: int) -> int:
+    return k
+
+
+def _within_dilated_k(k: int) -> int:
+    return DILATION * k
+
+
+@register_selection("block", uses_k=True, uses_positions=True, self_attention_only=True, selection_band=_within_k)
 def block_selection(scores, mask, ctx) -> Tensor:
     """Block attention: positions are cut into blocks of k; a query attends within its block.
 
@@ -150,7 +163,7 @@ def block_selection(scores, mask, ctx) -> Tensor:
     return ~selected
 
 
-@register_selection("window", uses_k=True, uses_positions=True, self_attention_only=True)
+@register_selection("window", uses_k=True, uses_positions=True, self_attention_only=True, selection_band=_within_k)
 def window_selection(scores, mask, ctx) -> Tensor:
     """Window attention: each query attends to its k nearest visible positions.
 
@@ -164,7 +177,8 @@ def window_selection(scores, mask, ctx) -> Tensor:
     return ~selected
 
 
-@register_selection("dilated", uses_k=True, uses_positions=True, self_attention_only=True)
+@register_selection("dilated", uses_k=True, uses_positions=True, self_attention_only=True,
+                    selection_band=_within_dilated_k)
 def dilated_selection(scores, mask, ctx) -> Tensor:
     """Dilated attention: the k nearest visible positions at even distance (dilation 2).
 

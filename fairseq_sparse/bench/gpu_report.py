@@ -16,10 +16,10 @@ On a machine with a CUDA device it runs, in this order:
 4. equality: ``fairseq_sparse.bench.cuda_equality``: CPU vs CUDA logits of the same weights per
    function (eval mode, float32);
 5. operations: ``fairseq_sparse.bench.operations --device cuda`` (Hard Retrieval, Table 2);
-6. memory: ``fairseq_sparse.bench.memory --device cuda --lengths 512 1024``, bidirectional and
+6. memory: ``fairseq_sparse.bench.memory --device cuda --lengths 512 1024 2048 4096``, bidirectional and
    ``--causal``, every registered function and stock fairseq;
 7. run: ``fairseq_sparse.bench.run --device cuda`` at the papers' decoding settings (beam 4;
-   batch 1 and batch 128) with ``--long-lengths 512 1024``, its CSV beside the report.
+   batch 1 and batch 128) with ``--long-lengths 512 1024 2048 4096``, its CSV beside the report.
 
 It writes ONE Markdown report (``--out``, default runs/gpu-report/REPORT.md), rewritten
 after every step so that a run cut short still leaves one, plus ``speed.csv`` (run.py's
@@ -78,8 +78,9 @@ TINY_MODEL = ["--arch", "transformer_sparse_mini", "--encoder-embed-dim", "64", 
               "--decoder-attention-heads", "4", "--share-all-embeddings"]
 # The papers' decoding settings: beam 4, batch 1 (run.py's decode1 job) and batch 128.
 RUN_OPTIONS = ["--device", "cuda", "--arch", "transformer_sparse", "--beam", "4", "--batch-size", "128",
-               "--long-lengths", "512", "1024"]
-MEMORY_LENGTHS = ["512", "1024"]
+               "--long-lengths", "512", "1024", "2048", "4096"]
+# Document lengths: where top-k and the patterns gather their keys (modules/gathered_attention.py).
+MEMORY_LENGTHS = ["512", "1024", "2048", "4096"]
 # Lines of the scripts' logging (kept in the logs, left out of the report).
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|USDT:|INFO:|WARNING:|Please install tensorboardX)")
 

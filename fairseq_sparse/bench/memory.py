@@ -22,12 +22,13 @@ to softmax.
 * CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
 
     python -m fairseq_sparse.bench.memory                          # CPU, bidirectional (encoder), length 512
-    python -m fairseq_sparse.bench.memory --lengths 512 1024
+    python -m fairseq_sparse.bench.memory --lengths 512 1024 2048 4096
     python -m fairseq_sparse.bench.memory --causal                 # decoder self-attention mask
     python -m fairseq_sparse.bench.memory --device cuda --batch-size 8 --lengths 512 1024
 
-The structured patterns are computed as masks over the dense score matrix, as ``topk`` is,
-so they are not expected to save memory; the table shows what they cost on top of softmax.
+At length, top-k and the structured patterns gather their selected keys
+(``modules/gathered_attention``) and keep n indices and weights per query for the backward
+pass; up to a 512-token block a pattern goes to the fused kernel as a boolean mask.
 Measurements are not tests: this script asserts nothing.
 """
 

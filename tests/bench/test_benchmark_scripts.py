@@ -91,8 +91,8 @@ def check_plan(text):
     for name in attention_names() + ["l0drop", "l0drop_every_layer"]:
         assert f"[train] train {name} fp16: " in text and f"[train] train {name} bf16: " in text, name
     for fragment in ["--fp16", "--bf16", "--l0drop-every-layer", "fairseq_cli.train", "fairseq_sparse.train", "fairseq_cli.preprocess",
-                     "fairseq_sparse.bench.run --device cuda", "--beam 4 --batch-size 128 --long-lengths 512 1024",
-                     "fairseq_sparse.bench.operations --device cuda", "fairseq_sparse.bench.memory --device cuda --lengths 512 1024",
+                     "fairseq_sparse.bench.run --device cuda", "--beam 4 --batch-size 128 --long-lengths 512 1024 2048 4096",
+                     "fairseq_sparse.bench.operations --device cuda", "fairseq_sparse.bench.memory --device cuda --lengths 512 1024 2048 4096",
                      "--causal", "fairseq_sparse.bench.cuda_equality --device cuda", "torch.cuda.get_device_name"]:
         assert fragment in text, fragment
 

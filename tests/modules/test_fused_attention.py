@@ -171,16 +171,14 @@ def test_chunked_selection_reproduces_attention_dropout_and_its_gradients(name):
         assert (got - expected).abs().max() <= 1e-5
 
 
-def test_softmax_never_takes_the_chunked_path(monkeypatch):
+def test_softmax_never_takes_the_chunked_or_gathered_path(monkeypatch):
     """softmax's selection is the mask itself: always the fused kernel, at any length."""
-    from fairseq_sparse.modules import selected_softmax
-
     monkeypatch.setattr(sparse_multihead_attention, "PATTERN_MASK_ELEMENTS", 0)
     monkeypatch.setattr(sparse_multihead_attention, "SELECTION_CHUNK_ELEMENTS", 1)
     calls = []
-    original = selected_softmax.SelectedSoftmaxInChunks.apply
-    monkeypatch.setattr(sparse_multihead_attention.SelectedSoftmaxInChunks, "apply",
-                        lambda *a: calls.append(1) or original(*a))
+    for name in ("SelectedSoftmaxInChunks", "GatheredSoftmax"):
+        function = getattr(sparse_multihead_attention, name)
+        monkeypatch.setattr(function, "apply", lambda *a, original=function.apply: calls.append(1) or original(*a))
     x = torch.randn(6, 2, 16)
     SparseMultiheadAttention(16, 4, attn_fn="softmax", self_attention=True)(x, x, x, need_weights=False)
     assert not calls

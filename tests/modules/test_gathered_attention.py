@@ -1,0 +1,229 @@
+"""The gathered path (a selection's keys gathered, top-k and the patterns at length) equals the registered function.
+
+Thresholds are lowered so that short test sequences take the path a document-length one takes,
+and chunks are made small so that every test runs several of them. Every registered method
+with a selection (but softmax, whose selection is the mask) is compared against the same
+module running its registered function: outputs and gradients to float tolerance, with
+padding on either side, causal masks, ties, queries with no key, attention dropout, half
+precision, and in every sublayer of a model with incremental decoding.
+"""
+
+import pytest
+import torch
+
+from attention_cases import CASES
+from fairseq_sparse.modules import gathered_attention, sparse_multihead_attention
+from helpers import build_model, random_batch
+from test_fused_attention import FUSED, causal_mask, module_pair, unfused
+
+GATHERED = [name for name in FUSED if name != "softmax"]
+SUBLAYERS = ("encoder", "decoder", "cross")
+GRID = [(name, sublayer) for name in GATHERED for sublayer in SUBLAYERS if not (sublayer == "cross" and CASES[name].self_only)]
+
+
+@pytest.fixture
+def gathered(monkeypatch):
+    """Send every length to the gathered path, in chunks of a few queries; count its calls."""
+    monkeypatch.setattr(sparse_multihead_attention, "SCORED_GATHER_FROM_KEYS", 1)
+    monkeypatch.setattr(sparse_multihead_attention, "PATTERN_MASK_ELEMENTS", 0)
+    monkeypatch.setattr(gathered_attention, "GATHER_CHUNK_ELEMENTS", 300)
+    calls = []
+    original = gathered_attention.GatheredSoftmax.apply
+    monkeypatch.setattr(sparse_multihead_attention.GatheredSoftmax, "apply", lambda *a: calls.append(1) or original(*a))
+    return calls
+
+
+def padding_of(kind: str, length: int) -> torch.Tensor:
+    padding = torch.zeros(3, length, dtype=torch.bool)
+    if kind == "left":  # fairseq's sources
+        padding[1, :4], padding[2, :1] = True, True
+    elif kind == "right":  # fairseq's targets
+        padding[1, -4:], padding[2, -1:] = True, True
+    return padding
+
+
+def outputs_and_gradients(module, x, **kwargs):
+    inputs = x.clone().requires_grad_(True)
+    out, _ = module(inputs, inputs, inputs, need_weights=False, **kwargs)
+    (out * torch.linspace(-1, 1, out.size(-1))).sum().backward()
+    return [out.detach(), inputs.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("padding", ["none", "left", "right"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("k", [1, 2, 5])
+@pytest.mark.parametrize("name", GATHERED)
+def test_gathered_path_equals_the_function_path(name, k, causal, padding, gathered):
+    """Every query, padding queries included, with its outputs and the gradients of input and weights."""
+    torch.manual_seed(k)
+    fused = sparse_multihead_attention.SparseMultiheadAttention(16, 4, attn_fn=name, attn_k=k, self_attention=True)
+    plain = unfused(sparse_multihead_attention.SparseMultiheadAttention(16, 4, attn_fn=name, attn_k=k, self_attention=True))
+    plain.load_state_dict(fused.state_dict())
+    x = torch.randn(13, 3, 16)
+    kwargs = dict(key_padding_mask=None if padding == "none" else padding_of(padding, 13),
+                  attn_mask=causal_mask(13) if causal else None)
+    got, expected = outputs_and_gradients(fused, x, **kwargs), outputs_and_gradients(plain, x, **kwargs)
+    assert gathered, "the gathered path was not taken"
+    for a, b in zip(got, expected):
+        assert (a - b).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", [n for n in GATHERED if n in ("topk", "topk_oow")])
+def test_ties_at_the_kth_score_are_all_kept(name, gathered):
+    """Equal scores (queries of zero): every key tied with the k-th is attended, as topk_mask keeps them."""
+    fused, plain = module_pair(name, self_attention=True)
+    for module in (fused, plain):
+        with torch.no_grad():
+            module.q_proj.weight.zero_(), module.q_proj.bias.zero_()
+    x = torch.randn(9, 2, 16)
+    got = outputs_and_gradients(fused, x, attn_mask=causal_mask(9))
+    expected = outputs_and_gradients(plain, x, attn_mask=causal_mask(9))
+    assert gathered
+    for a, b in zip(got, expected):
+        assert (a - b).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", GATHERED)
+def test_a_query_with_no_key_gets_zero_output_and_finite_gradients(name, gathered):
+    """Left padding under a causal mask: the padding queries see no key at all."""
+    fused, plain = module_pair(name, self_attention=True)
+    x = torch.randn(7, 3, 16)
+    kwargs = dict(key_padding_mask=padding_of("left", 7), attn_mask=causal_mask(7))
+    got, expected = outputs_and_gradients(fused, x, **kwargs), outputs_and_gradients(plain, x, **kwargs)
+    assert gathered
+    assert torch.allclose(got[0][:4, 1], fused.out_proj.bias.expand(4, 16))  # output 0 before out_proj
+    assert all(torch.isfinite(g).all() for g in got[1:])
+    for a, b in zip(got, expected):
+        assert (a - b).abs().max() <= 1e-5
+
+
+class FixedDropout(torch.nn.Module):
+    """Attention dropout with a given keep mask (B, H, T, S), for the function path."""
+
+    def __init__(self, keep: torch.Tensor, p: float):
+        super().__init__()
+        self.keep, self.p = keep, p
+
+    def forward(self, weights):
+        return weights * self.keep / (1.0 - self.p)
+
+
+@pytest.mark.parametrize("name", GATHERED)
+def test_attention_dropout_drops_selected_weights_and_its_backward_reuses_the_draw(name, gathered, monkeypatch):
+    """The gathered path draws one keep bit per selected key; the function path dropping the same
+    (query, key) weights gives the same outputs and gradients."""
+    p = 0.4
+    fused, plain = module_pair(name, self_attention=True, dropout=p)
+    fused.train(), plain.train()
+    draws, selections = [], []
+    original_keep, original_slices = gathered_attention.dropout_keep, gathered_attention._slices
+
+    def recording_keep(weights, p):
+        draws.append(original_keep(weights, p))
+        return draws[-1]
+
+    def recording_slices(*args):
+        parts = original_slices(*args)
+        selections.extend(parts)
+        return parts
+
+    monkeypatch.setattr(gathered_attention, "dropout_keep", recording_keep)
+    monkeypatch.setattr(gathered_attention, "_slices", recording_slices)
+    x = torch.randn(11, 2, 16)
+    got = outputs_and_gradients(fused, x, attn_mask=causal_mask(11))
+    assert gathered and len(draws) == len(selections) > 1
+    keep = torch.ones(2, 4, 11, 11)
+    for (rows, selection), kept in zip(selections, draws):
+        dropped = (~kept & ~selection.empty).float()  # empty slots repeat a key: they must not drop it
+        indices = selection.indices.expand(kept.shape)
+        keep[:, :, rows].scatter_reduce_(-1, indices, 1.0 - dropped, reduce="amin")
+    assert 0 < (keep == 0).sum()
+    plain.dropout_module = FixedDropout(keep, p)
+    expected = outputs_and_gradients(plain, x, attn_mask=causal_mask(11))
+    for a, b in zip(got, expected):
+        assert (a - b).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", GATHERED)
+def test_half_precision_gathered_path_is_close_to_float32(name, dtype, gathered):
+    fused, reference = module_pair(name, self_attention=True)
+    x = torch.randn(9, 2, 16)
+    expected, _ = reference(x, x, x, attn_mask=causal_mask(9), need_weights=False)
+    fused = fused.to(dtype)
+    inputs = x.to(dtype).requires_grad_(True)
+    out, _ = fused(inputs, inputs, inputs, attn_mask=causal_mask(9).to(dtype), need_weights=False)
+    out.float().sum().backward()
+    assert gathered and out.dtype == dtype and torch.isfinite(out).all() and torch.isfinite(inputs.grad).all()
+    assert (out.float() - expected).abs().max() <= 0.1
+
+
+@pytest.mark.parametrize("name,sublayer", GRID)
+def test_model_outputs_gradients_and_incremental_decoding_on_the_gathered_path(name, sublayer, gathered):
+    """A whole model: its training pass equals the function path's, and incremental decoding (one
+    query a call: the registered function) equals its full pass (the gathered path)."""
+    batch = random_batch(lengths=[7, 4, 9], tgt_lengths=[6, 3, 5], seed=7)
+    results = []
+    for make in (lambda m: m, unfused):
+        model = make(build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, seed=3)).train()
+        logits, _ = model(**batch)
+        logits.float().logsumexp(-1).sum().backward()
+        results.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    assert gathered
+    (got_logits, got_grads), (plain_logits, plain_grads) = results
+    assert (got_logits - plain_logits).abs().max() <= 1e-5
+    for key in plain_grads:
+        assert (got_grads[key] - plain_grads[key]).abs().max() <= 1e-4 * max(1.0, plain_grads[key].abs().max()), key
+
+    model = build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, seed=4).eval()
+    batch = random_batch(lengths=[6, 8], tgt_lengths=[5, 5], seed=8)  # incremental decoding knows no target padding
+    with torch.no_grad():
+        expected, _ = model(**batch)
+        encoder_out = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])
+        state, steps = {}, []
+        for t in range(batch["prev_output_tokens"].size(1)):
+            steps.append(model.decoder(batch["prev_output_tokens"][:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0])
+    assert (torch.cat(steps, dim=1) - expected).abs().max() <= 1e-5
+
+
+def test_a_mask_other_than_the_future_mask_takes_the_other_paths(gathered):
+    """Any other attention mask (or an additive bias) is not a band or a plain causal mask: the
+    chunked path computes it, with the same result as the function."""
+    fused, plain = module_pair("window", self_attention=True)
+    x = torch.randn(6, 2, 16)
+    mask = causal_mask(6)
+    mask[4, 0] = 0.5  # a bias, not a mask
+    got, expected = outputs_and_gradients(fused, x, attn_mask=mask), outputs_and_gradients(plain, x, attn_mask=mask)
+    assert not gathered
+    for a, b in zip(got, expected):
+        assert (a - b).abs().max() <= 1e-5
+
+
+def test_future_mask_detection():
+    is_future = sparse_multihead_attention._is_future_mask
+    assert is_future(causal_mask(600), 600, 600)  # checked over several row blocks
+    assert is_future(torch.ones(5, 5, dtype=torch.bool).triu(1), 5, 5)
+    assert not is_future(causal_mask(5), 5, 6) and not is_future(torch.zeros(5, 5), 5, 5)
+    late = causal_mask(600)
+    late[599, 0] = float("-inf")
+    assert not is_future(late, 600, 600)
+
+
+def test_rows_of_a_permuted_tensor_are_read_in_place():
+    """fairseq's heads are a permuted view of (S, B, H, d): their rows are gathered without a copy."""
+    base = torch.randn(5, 2, 3, 4)  # (S, B, H, d)
+    heads = base.permute(1, 2, 0, 3)  # (B, H, S, d)
+    rows, first, step = gathered_attention.as_rows(heads)
+    assert rows.data_ptr() == base.data_ptr()
+    index = first + torch.arange(5).view(1, 1, 5, 1) * step  # (B, H, S, 1)
+    assert torch.equal(rows[index.squeeze(-1)], heads)
+    rows, first, step = gathered_attention.as_rows(heads[:, :, ::2])  # not dense: a copy
+    assert torch.equal(rows[(first + torch.arange(3).view(1, 1, 3, 1) * step).squeeze(-1)], heads[:, :, ::2])
+
+
+def test_pack_selected_keeps_every_selected_key_in_order():
+    selected = torch.tensor([[True, False, True, True], [False, False, False, False], [False, True, False, False]])
+    packed = gathered_attention.pack_selected(selected)
+    assert packed.indices.shape == (3, 3)
+    assert packed.indices[0].tolist() == [0, 2, 3] and packed.empty[0].tolist() == [False, False, False]
+    assert packed.empty[1].all() and packed.indices[2, 0] == 1 and packed.empty[2].tolist() == [False, True, True]

@@ -36,9 +36,13 @@ from .gathered_attention import GatheredSoftmax, plan_gathered
 from .selected_softmax import ChunkPlan, SelectedSoftmaxInChunks
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
-# Query chunks of the fused path hold at most this many (query, key) entries per chunk
-# (float32 scores, or the int64 ranks of a pattern): 2**16 = 256 KiB of float32.
-SELECTION_CHUNK_ELEMENTS = 2**16
+# Query chunks of the chunked path hold at most this many (query, key) entries per chunk
+# (float32 scores, or the int64 ranks of a pattern): 2**20 = 4 MiB of float32, so that a
+# sentence-level batch (64 x 4 heads x 30 keys a query) is one chunk, whose weights are kept,
+# not recomputed (top-k, one self-attention sublayer, forward + backward, 64 x 30 tokens: 147.6
+# ms with 2**16-entry chunks, 143.1 with one chunk, softmax 132.3; at 8 x 120 tokens 97.4 / 80.3 /
+# 75.5). Longer inputs gather their keys (gathered_attention) and do not come here.
+SELECTION_CHUNK_ELEMENTS = 2**20
 # A score-free selection (a structured pattern) goes to the fused kernel as a boolean mask up
 # to this many (B x T x S) entries, a 512-token block; beyond, its selected keys are gathered
 # (gathered_attention). Measured on CPU, one thread, causal self-attention, 512-d, 4 heads,

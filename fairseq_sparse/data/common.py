@@ -27,6 +27,8 @@ not have to fit in memory.
 from __future__ import annotations
 
 import argparse
+import codecs
+import dataclasses
 import gzip
 import html
 import itertools
@@ -78,10 +80,45 @@ class Raw:
     fmt: str = "auto"
 
 
-def _open(path: Path):
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+def check_encoding(encoding: str) -> str:
+    """The name of a text encoding Python knows (``--encoding``), or a PrepError."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise PrepError(f"--encoding {encoding}: not a text encoding Python knows (e.g. utf-8, latin-1, cp1252)") from None
+    return encoding
+
+
+def raw_lines(path: Path, encoding: str = "utf-8", newline: Optional[str] = None) -> Iterator[str]:
+    """The lines of a raw text file (``.gz`` allowed), decoded strictly.
+
+    An undecodable byte is never replaced (a wrongly encoded file would otherwise corrupt the
+    data and the BLEU references silently): preparation stops with one message naming the
+    file, the line and what to do. ``newline`` as ``open``'s (None: universal newlines).
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding=encoding, newline=newline) as f:
+            yield from f
+    except UnicodeDecodeError as err:
+        line = _first_undecodable_line(path, encoding)
+        where = f"line {line}" if line else f"byte {err.start}"
+        raise PrepError(f"{path}: {where} is not valid {encoding} ({err.reason}); give the raw files' encoding "
+                        f"with --encoding, or convert the file to UTF-8") from None
+
+
+def _first_undecodable_line(path: Path, encoding: str) -> Optional[int]:
+    """The number of the first line of ``path`` that does not decode (the text reader decodes
+    ahead in blocks, so its error does not say which line)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    decoder = codecs.getincrementaldecoder(encoding)()
+    with opener(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                decoder.decode(raw)
+            except UnicodeDecodeError:
+                return number
+    return None
 
 
 # IWSLT train.tags: metadata lines dropped; <title>/<description> keep their text
@@ -95,26 +132,26 @@ def unescape(text: str) -> str:
     return html.unescape(text) if "&" in text else text
 
 
-def read_raw(path: Path, fmt: str) -> Iterator[str]:
+def read_raw(path: Path, fmt: str, encoding: str = "utf-8") -> Iterator[str]:
     """The sentences of one raw file, stripped, one per line."""
-    with _open(path) as f:
-        if fmt == "plain":
-            for line in f:
+    lines = raw_lines(path, encoding)
+    if fmt == "plain":
+        for line in lines:
+            yield line.strip()
+    elif fmt == "tags":
+        for line in lines:
+            m = _KEEP_TAGS.match(line)
+            if m:
+                yield m.group(2).strip()
+            elif not line.lstrip().startswith("<"):
                 yield line.strip()
-        elif fmt == "tags":
-            for line in f:
-                m = _KEEP_TAGS.match(line)
-                if m:
-                    yield m.group(2).strip()
-                elif not line.lstrip().startswith("<"):
-                    yield line.strip()
-        elif fmt == "seg":
-            for line in f:
-                m = _SEG.search(line)
-                if m:
-                    yield unescape(m.group(1)).replace("\u2019", "'").strip()
-        else:  # pragma: no cover - programming error
-            raise ValueError(f"unknown raw format {fmt!r}")
+    elif fmt == "seg":
+        for line in lines:
+            m = _SEG.search(line)
+            if m:
+                yield unescape(m.group(1)).replace("\u2019", "'").strip()
+    else:  # pragma: no cover - programming error
+        raise ValueError(f"unknown raw format {fmt!r}")
 
 
 def fmt_of(raw: Raw, path: Path) -> str:
@@ -172,6 +209,7 @@ class Job:
     truecase_splits: Tuple[str, ...] = ()
     dict_files: Dict[str, Raw] = field(default_factory=dict)   # lang -> vocab file
     optional: Tuple[Raw, ...] = ()   # used when present (vocabularies)
+    encoding: str = "utf-8"          # of the raw files (--encoding)
 
     def required(self) -> List[Raw]:
         out: List[Raw] = []
@@ -495,7 +533,8 @@ def _pairs(found: Dict[Raw, Path], pairs: Sequence[Tuple[Raw, Raw]], job: Job,
            ) -> Iterator[Tuple[str, str]]:
     for a, b in pairs:
         pa, pb = found[a], found[b]
-        for x, y in itertools.zip_longest(read_raw(pa, fmt_of(a, pa)), read_raw(pb, fmt_of(b, pb))):
+        for x, y in itertools.zip_longest(read_raw(pa, fmt_of(a, pa), job.encoding),
+                                          read_raw(pb, fmt_of(b, pb), job.encoding)):
             if x is None or y is None:
                 raise PrepError(f"{job.name}: {pa.name} and {pb.name} have different "
                                 f"numbers of sentences")
@@ -657,7 +696,14 @@ def base_parser(description: str, default_out: str) -> argparse.ArgumentParser:
                    help="stop after writing the text files (skip fairseq-preprocess)")
     p.add_argument("--keep-tmp", action="store_true",
                    help="keep the intermediate files in OUT/tmp")
+    add_encoding_arg(p)
     return p
+
+
+def add_encoding_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--encoding", default="utf-8",
+                   help="text encoding of the raw files (default %(default)s); a byte that does not decode "
+                        "stops preparation with its file and line, it is never replaced")
 
 
 def add_filter_args(p: argparse.ArgumentParser, max_len: int, ratio: float) -> None:
@@ -675,7 +721,7 @@ def main_with(job_fn: Callable[[argparse.Namespace], Job], urls_fn: Callable[[ar
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     out = Path(args.out)
     try:
-        job = job_fn(args)
+        job = dataclasses.replace(job_fn(args), encoding=check_encoding(args.encoding))
         if args.download:
             raw_dir = Path(args.raw_dir) if args.raw_dir else out / "raw"
             download(urls_fn(args), raw_dir)

@@ -158,26 +158,23 @@ class _DocBuilder:
         return [d for d in self.docs if d.src]
 
 
-def _open(path: Path):
+def _open(path: Path, encoding: str) -> Iterator[str]:
     """Lines end at ``\n`` only (a stray ``\r`` inside a line must not split it, as in the
-    line-based tools of G-Transformer's recipe); ``.gz`` allowed."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n")
-    return open(path, encoding="utf-8", errors="replace", newline="\n")
+    line-based tools of G-Transformer's recipe); ``.gz`` allowed; decoded strictly."""
+    return common.raw_lines(path, encoding, newline="\n")
 
 
-def _line_pairs(src: Path, tgt: Path) -> Iterator[Tuple[int, str, str]]:
-    with _open(src) as fa, _open(tgt) as fb:
-        for n, (a, b) in enumerate(itertools.zip_longest(fa, fb), 1):
-            if a is None or b is None:
-                raise PrepError(f"{src.name} and {tgt.name} have different numbers of lines")
-            yield n, a, b
+def _line_pairs(src: Path, tgt: Path, encoding: str) -> Iterator[Tuple[int, str, str]]:
+    for n, (a, b) in enumerate(itertools.zip_longest(_open(src, encoding), _open(tgt, encoding)), 1):
+        if a is None or b is None:
+            raise PrepError(f"{src.name} and {tgt.name} have different numbers of lines")
+        yield n, a, b
 
 
-def read_maruf(src: Path, tgt: Path) -> Tuple[List[Doc], int]:
+def read_maruf(src: Path, tgt: Path, encoding: str = "utf-8") -> Tuple[List[Doc], int]:
     """Maruf et al.'s files: a ``<d>`` line starts each document."""
     docs = _DocBuilder()
-    for n, a, b in _line_pairs(src, tgt):
+    for n, a, b in _line_pairs(src, tgt, encoding):
         da, db = a.strip() == "<d>", b.strip() == "<d>"
         if da != db:
             raise PrepError(f"{src.name} / {tgt.name} line {n}: a document boundary (<d>) on one side only")
@@ -194,11 +191,11 @@ _METADATA = re.compile(r"^\s*</?(url|keywords|speaker|talkid|title|description|r
 _TALKID = re.compile(r"<talkid>\s*(\S+?)\s*</talkid>")
 
 
-def read_tags(src: Path, tgt: Path) -> Tuple[List[Doc], int]:
+def read_tags(src: Path, tgt: Path, encoding: str = "utf-8") -> Tuple[List[Doc], int]:
     """IWSLT ``train.tags.*``: each run of metadata lines starts a talk."""
     docs = _DocBuilder()
     in_metadata = False
-    for n, a, b in _line_pairs(src, tgt):
+    for n, a, b in _line_pairs(src, tgt, encoding):
         ma, mb = bool(_METADATA.match(a)), bool(_METADATA.match(b))
         if ma != mb:
             raise PrepError(f"{src.name} / {tgt.name} line {n}: a metadata line on one side only")
@@ -219,24 +216,23 @@ _DOC = re.compile(r"<doc\b[^>]*?\bdocid\s*=\s*\"([^\"]*)\"", re.IGNORECASE)
 _SEG = re.compile(r"<seg\b[^>]*>(.*)</seg>", re.IGNORECASE)
 
 
-def _xml_documents(path: Path) -> List[Tuple[str, List[str]]]:
+def _xml_documents(path: Path, encoding: str) -> List[Tuple[str, List[str]]]:
     docs: List[Tuple[str, List[str]]] = []
-    with _open(path) as f:
-        for line in f:
-            m = _DOC.search(line)
-            if m:
-                docs.append((m.group(1), []))
-            m = _SEG.search(line)
-            if m:
-                if not docs:
-                    docs.append(("", []))
-                docs[-1][1].append(m.group(1))
+    for line in _open(path, encoding):
+        m = _DOC.search(line)
+        if m:
+            docs.append((m.group(1), []))
+        m = _SEG.search(line)
+        if m:
+            if not docs:
+                docs.append(("", []))
+            docs[-1][1].append(m.group(1))
     return docs
 
 
-def read_xml(src: Path, tgt: Path) -> Tuple[List[Doc], int]:
+def read_xml(src: Path, tgt: Path, encoding: str = "utf-8") -> Tuple[List[Doc], int]:
     """IWSLT XML: ``<doc docid=...>`` with ``<seg>`` sentences; sides paired by docid."""
-    a_docs, b_docs = _xml_documents(src), _xml_documents(tgt)
+    a_docs, b_docs = _xml_documents(src, encoding), _xml_documents(tgt, encoding)
     b_by_id = dict(b_docs)
     if len(a_docs) != len(b_docs):
         raise PrepError(f"{src.name} has {len(a_docs)} documents, {tgt.name} {len(b_docs)}")
@@ -256,7 +252,7 @@ def read_xml(src: Path, tgt: Path) -> Tuple[List[Doc], int]:
     return docs.result(), docs.dropped
 
 
-def reader_for(name: str) -> Callable[[Path, Path], Tuple[List[Doc], int]]:
+def reader_for(name: str) -> Callable[[Path, Path, str], Tuple[List[Doc], int]]:
     if name.endswith(".xml"):
         return read_xml
     if name.startswith("train.tags."):
@@ -401,11 +397,11 @@ def resolve(corpus: Corpus, raw_dir: Path) -> Tuple[Source, Dict[str, Path]]:
     raise PrepError(msg)
 
 
-def read_split(source: Source, found: Dict[str, Path], split: str) -> Tuple[List[Doc], int]:
+def read_split(source: Source, found: Dict[str, Path], split: str, encoding: str = "utf-8") -> Tuple[List[Doc], int]:
     docs: List[Doc] = []
     dropped = 0
     for a, b in source.files[split]:
-        part, n = reader_for(found[a].name.removesuffix(".gz"))(found[a], found[b])
+        part, n = reader_for(found[a].name.removesuffix(".gz"))(found[a], found[b], encoding)
         docs += part
         dropped += n
     for i, d in enumerate(docs):
@@ -429,7 +425,7 @@ def _lines(path: Path) -> Iterator[str]:
 
 def prepare(corpus: Corpus, raw_dir: Path, out: Path, merges: int = DEFAULT_MERGES,
             max_tokens: int = document_blocks.MAX_TOKENS, workers: int = 1,
-            keep_tmp: bool = False) -> Dict[str, object]:
+            keep_tmp: bool = False, encoding: str = "utf-8") -> Dict[str, object]:
     if max_tokens < 2:
         raise PrepError(f"--max-tokens must be at least 2 (a token and </s>), got {max_tokens}")
     source, found = resolve(corpus, raw_dir)     # before anything is written
@@ -437,7 +433,7 @@ def prepare(corpus: Corpus, raw_dir: Path, out: Path, merges: int = DEFAULT_MERG
     logger.info("%s: reading %s", corpus.name, source.label)
     docs = {}
     for split in SPLITS:
-        docs[split], dropped = read_split(source, found, split)
+        docs[split], dropped = read_split(source, found, split, encoding)
         if dropped:
             logger.info("%s: dropped %d sentence pairs with an empty side", split, dropped)
         if not docs[split]:
@@ -524,6 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1,
                    help="processes for tokenisation and fairseq-preprocess (default 1)")
     p.add_argument("--keep-tmp", action="store_true", help="keep the intermediate files in OUT/tmp")
+    common.add_encoding_arg(p)
     return p
 
 
@@ -539,7 +536,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             raw_dir = Path(args.raw)
         prepare(corpus, raw_dir, out, merges=args.merges, max_tokens=args.max_tokens,
-                workers=args.workers, keep_tmp=args.keep_tmp)
+                workers=args.workers, keep_tmp=args.keep_tmp, encoding=common.check_encoding(args.encoding))
     except PrepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -389,3 +389,34 @@ def test_download_extracts_archives_offline(tmp_path):
     assert common.find_raw(raw, "c.ro").read_text() == "salut\n"
     with pytest.raises(common.PrepError, match="download failed"):
         common.download([(tmp_path / "nothing.tgz").as_uri()], raw)
+
+
+def test_undecodable_raw_file_is_one_clear_message_naming_its_line(tmp_path, capsys):
+    """A wrongly encoded raw file stops preparation: its file and line are named, nothing is replaced."""
+    script, extra, writer, pair = CASES["iwslt14.de-en"]
+    raw = writer(tmp_path / "raw")
+    victim = next(p for p in sorted(raw.rglob("*")) if p.is_file() and p.suffix not in (".gz",) and p.stat().st_size > 200)
+    lines = victim.read_bytes().split(b"\n")
+    lines[2] = "Café à Paris".encode("latin-1")  # bytes that are not UTF-8
+    victim.write_bytes(b"\n".join(lines))
+    rc = SCRIPTS[script].main(["--raw", str(raw), "--out", str(tmp_path / "out"), *extra])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("error:") == 1 and "Traceback" not in err
+    assert f"{victim.name}: line 3 is not valid utf-8" in err and "--encoding" in err
+    assert not list((tmp_path / "out").rglob("*\ufffd*")) and "\ufffd" not in err
+
+
+def test_raw_text_decodes_in_the_given_encoding_or_names_the_line(tmp_path):
+    common = common_module()
+    path = tmp_path / "x.de"
+    path.write_bytes("eins\nzwei\nGrüße\n".encode("latin-1"))
+    with pytest.raises(common.PrepError, match=r"x.de: line 3 is not valid utf-8"):
+        list(common.read_raw(path, "plain"))
+    assert list(common.read_raw(path, "plain", "latin-1")) == ["eins", "zwei", "Grüße"]
+    zipped = tmp_path / "x.de.gz"
+    with gzip.open(zipped, "wb") as f:
+        f.write(b"ok\n" * 5000 + b"\xff\n")  # the text reader decodes ahead in blocks: still line 5001
+    with pytest.raises(common.PrepError, match=r"line 5001 is not valid utf-8"):
+        list(common.read_raw(zipped, "plain"))
+    with pytest.raises(common.PrepError, match="--encoding utf-9: not a text encoding"):
+        common.check_encoding("utf-9")

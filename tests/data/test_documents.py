@@ -349,3 +349,15 @@ def test_document_boundary_on_one_side_only(tmp_path):
     out = tmp_path / "out"
     proc = run_script("--corpus", "ted", "--raw", raw, "--out", out)
     _check_error(proc, out, "line 3", "one side only")
+
+
+def test_undecodable_document_file_names_its_line(tmp_path):
+    from fairseq_sparse.data import common, documents
+
+    src, tgt = tmp_path / "train.en", tmp_path / "train.de"
+    src.write_text("<d>\na\nb\n", encoding="utf-8")
+    tgt.write_bytes("<d>\nx\n\xfc\n".encode("latin-1"))
+    with pytest.raises(common.PrepError, match=r"train.de: line 3 is not valid utf-8"):
+        documents.read_maruf(src, tgt)
+    docs, _ = documents.read_maruf(src, tgt, encoding="latin-1")
+    assert docs[0].tgt == ["x", "\xfc"]

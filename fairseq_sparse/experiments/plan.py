@@ -20,7 +20,8 @@ USER_DIR = str(Path(__file__).resolve().parent.parent)  # the installed package:
 
 @dataclass
 class Step:
-    """One command; ``output`` is what proves it already ran."""
+    """One command and its output (a ``.done`` marker when it has no single output file); the
+    runner's completion marker (``runner.completion_marker``) proves it ran to the end."""
 
     kind: str  # prep | train | average | generate | speed | sparsity | attn_sparsity | heatmap
     argv: List[str]
@@ -67,8 +68,8 @@ class Plan:
         steps = []
         for i, template in enumerate(ds.prep):
             words = shlex.split(template.replace("{source}", source).replace("{out}", str(out)))
-            last = i == len(ds.prep) - 1
-            steps.append(Step("prep", tool(words[0]) + words[1:], out / "bin" / f"dict.{ds.tgt}.txt" if last else out / f".prep{i}.done",
+            # a marker written after the command succeeded (fairseq-preprocess writes its dictionary first)
+            steps.append(Step("prep", tool(words[0]) + words[1:], out / f".prep{i}.done",
                               out / f"prep{i}.log", f"prepare {ds.id} ({i + 1}/{len(ds.prep)})"))
         return steps
 

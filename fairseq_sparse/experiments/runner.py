@@ -1,10 +1,21 @@
 """Running a plan: each command as a subprocess with its log in a file, finished ones skipped;
-``--dry-run`` parses every command with its tool's own parser instead."""
+``--dry-run`` parses every command with its tool's own parser instead.
+
+A step is finished when its completion marker exists (``completion_marker``), written by
+rename after its command exited 0 and its output is there: an output alone proves nothing
+(fairseq-preprocess writes the dictionary first, a killed decode leaves half a file), so a
+runner killed at any moment re-runs exactly the step it was in. A step runs under a lock of
+its own, so two runners sharing models or data never run it twice at once: the second waits
+for the first and then finds it finished.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib
 import importlib.util
+import os
 import re
 import shlex
 import subprocess
@@ -47,6 +58,14 @@ def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine
     step.output.parent.mkdir(parents=True, exist_ok=True)
     print(f"[{index}/{total}] {step.label}", flush=True)
     prefix = _prefix(index, machine)
+    with step_lock(step, prefix):
+        if done(step):
+            print(f"{prefix}finished meanwhile by another runner", flush=True)
+            return 0.0
+        return _run_locked(step, prefix, machine)
+
+
+def _run_locked(step: Step, prefix: str, machine: Optional[SharedMachine]) -> float:
     start = time.time()
     # a training run cut short resumes from its checkpoint_last.pt (fairseq's default): keep its log's
     # earlier epochs (validation losses, wall time) by appending. Line-buffered: a run killed with the
@@ -73,21 +92,47 @@ def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine
     if status != 0:
         raise StepError(f"{step.label} failed (exit status {status}); command:\n  {shlex.join(step.argv)}\n"
                         f"last lines of {step.log}:\n{_tail(step.log)}")
-    if step.kind in ("train", "prep") and step.output.suffix == ".done":
-        step.output.write_text("ok\n")
-    if not step.output.exists():
+    marker = completion_marker(step)
+    if marker != step.output and not step.output.exists():
         raise StepError(f"{step.label} finished but {step.output} is missing; log: {step.log}")
+    write_atomically(marker, "ok\n")
     elapsed = time.time() - start
     print(f"{prefix}done in {elapsed:.0f}s" + (f" ({step.label})" if machine else ""), flush=True)
     return elapsed
 
 
+def completion_marker(step: Step) -> Path:
+    """What proves that ``step`` ran to the end: its output if that is a ``.done`` marker itself
+    (trainings, data preparation), else ``OUTPUT.done`` beside the output."""
+    return step.output if step.output.suffix == ".done" else step.output.with_name(step.output.name + ".done")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write under a temporary name, then rename: a reader sees the whole file or none."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+@contextlib.contextmanager
+def step_lock(step: Step, prefix: str = "      "):
+    """Hold ``step``'s lock file (beside its marker) while it runs; wait if another runner holds it."""
+    marker = completion_marker(step)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    with open(marker.with_name(f".{marker.name}.lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{prefix}another runner is running this step; waiting for it", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def done(step: Step) -> bool:
-    if not step.output.exists():
-        return False
-    if step.kind == "generate":  # a decode cut short has no summary line
-        return "Translated " in step.output.read_text(encoding="utf-8", errors="replace")
-    return True
+    return completion_marker(step).exists() and step.output.exists()
 
 
 def execute(plan: Plan, steps: List[Step], jobs: int = 1, finished: Callable[[], None] = lambda: None,

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 
@@ -108,6 +109,7 @@ RUNNER = r"""
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 from fairseq_sparse.experiments.outputs import trained_side_by_side
 from fairseq_sparse.experiments.plan import Step
 from fairseq_sparse.experiments.runner import execute
@@ -171,3 +173,94 @@ def test_more_jobs_than_gpus_share_them_and_no_gpu_means_none_set(monkeypatch):
     assert [env["CUDA_VISIBLE_DEVICES"] for env in SharedMachine(3)._free] == ["4", "4", "5"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert all("CUDA_VISIBLE_DEVICES" not in env or env["CUDA_VISIBLE_DEVICES"] == "" for env in SharedMachine(2)._free)
+
+
+# A pipeline of four steps whose commands write their outputs in two halves. A command stops
+# between its halves (for the test to kill the runner there) while a file kill_at_NAME exists.
+PIPELINE = """
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional
+from fairseq_sparse.experiments.plan import Step
+from fairseq_sparse.experiments.runner import execute
+
+tmp = Path(sys.argv[1])
+
+
+def command(name, first, second, reads=None):
+    code = (
+        "import sys, time; from pathlib import Path; tmp = Path(sys.argv[1]); "
+        f"extra = (tmp / {reads!r}).read_text() if {reads!r} else ''; "
+        f"out = tmp / {first[0]!r}; out.write_text({first[1]!r} + extra); "
+        f"(tmp / '{name}.half').write_text('1'); "
+        f"time.sleep(120 if (tmp / 'kill_at_{name}').exists() else 0); "
+        f"(tmp / {second[0]!r}).write_text((tmp / {second[0]!r}).read_text() + {second[1]!r} "
+        f"if (tmp / {second[0]!r}).exists() and {second[0]!r} == {first[0]!r} else {second[1]!r})"
+    )
+    return [sys.executable, "-c", code, str(tmp)]
+
+
+steps = [
+    # fairseq-preprocess writes the dictionary first, then the binarised data
+    Step("prep", command("prep", ("dict.txt", "a 1\\n"), ("bin.txt", "0 1 0\\n")), tmp / ".prep0.done", tmp / "prep.log", "prep"),
+    Step("train", command("train", ("checkpoint.pt", "epoch 1\\n"), ("checkpoint.pt", "epoch 2\\n"), reads="bin.txt"),
+         tmp / "train.done", tmp / "train.log", "train", model=("d", "m", 1)),
+    Step("average", command("average", ("avg.pt", ""), ("avg.pt", "averaged\\n"), reads="checkpoint.pt"),
+         tmp / "avg.pt", tmp / "average.log", "average", needs=(("d", "m", 1),)),
+    Step("generate", command("generate", ("gen.out", "H-0 x\\n"), ("gen.out", "Translated 1 sentences\\n"), reads="avg.pt"),
+         tmp / "gen.out", tmp / "generate.log", "generate", needs=(("d", "m", 1),)),
+]
+execute(SimpleNamespace(out=tmp / "table", table=SimpleNamespace(name="t", profile="smoke")), steps, 1)
+"""
+OUTPUTS = ("dict.txt", "bin.txt", "checkpoint.pt", "avg.pt", "gen.out")
+
+
+def run_pipeline(tmp: Path, kill_at: Optional[str] = None) -> None:
+    """Run the pipeline to its end, or kill its runner when the command ``kill_at`` is between its halves."""
+    if kill_at:
+        (tmp / f"kill_at_{kill_at}").write_text("1")
+        (tmp / f"{kill_at}.half").unlink(missing_ok=True)
+    runner = subprocess.Popen([sys.executable, "-c", PIPELINE, str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        if kill_at:
+            assert wait_for(lambda: (tmp / f"{kill_at}.half").exists(), 120), f"{kill_at} did not start"
+            runner.terminate()
+        assert (runner.wait(timeout=120) == 0) == (kill_at is None)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        (tmp / f"kill_at_{kill_at}").unlink(missing_ok=True)
+
+
+def test_a_runner_killed_at_any_step_resumes_to_a_clean_runs_result(tmp_path):
+    """Killed while each step has written half its output (the dictionary before the binarised data,
+    an epoch before the next, a decode without its summary), the re-runs end where a clean run does."""
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    clean.mkdir(), killed.mkdir()
+    run_pipeline(clean)
+    for name in ("prep", "train", "average", "generate"):
+        run_pipeline(killed, kill_at=name)
+        assert (killed / name.replace("prep", "dict.txt").replace("train", "checkpoint.pt")
+                .replace("average", "avg.pt").replace("generate", "gen.out")).exists()
+    run_pipeline(killed)
+    for name in OUTPUTS:
+        assert (killed / name).read_text() == (clean / name).read_text(), name
+    assert (killed / "gen.out").read_text() == "H-0 x\nepoch 1\n0 1 0\nepoch 2\naveraged\nTranslated 1 sentences\n"
+
+
+def test_two_runners_never_run_one_step_at_once(tmp_path):
+    """The second runner waits on the step's lock, then finds it finished and does not run it again."""
+    log = tmp_path / "runs.txt"
+    code = f"import time; open({str(log)!r}, 'a').write('start\\n'); time.sleep(1.5); open({str(log)!r}, 'a').write('end\\n')"
+    step_ = Step("generate", [sys.executable, "-c", code + f"; open({str(tmp_path / 'out')!r}, 'w').write('x')"],
+                 tmp_path / "out", tmp_path / "step.log", "step")
+    script = ("import sys; from pathlib import Path; from fairseq_sparse.experiments.plan import Step; "
+              "from fairseq_sparse.experiments.runner import run_step; "
+              f"run_step(Step('generate', {step_.argv!r}, Path({str(step_.output)!r}), Path(sys.argv[1]), 'step'), 1, 1)")
+    runners = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / f"log{i}")], stdout=subprocess.PIPE, text=True)
+               for i in range(2)]
+    outputs = [r.communicate(timeout=120)[0] for r in runners]
+    assert all(r.returncode == 0 for r in runners)
+    assert log.read_text() == "start\nend\n"
+    assert any("finished meanwhile by another runner" in out for out in outputs)

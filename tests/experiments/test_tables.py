@@ -504,3 +504,11 @@ def test_curves_plot_every_models_validation_loss_per_epoch(configs, tmp_path):
             ("1", "1", "7.5"), ("1", "2", "6.0"), ("1", "3", "5.5"), ("2", "1", "8.5")]
     with pytest.raises(ConfigError, match="curves must be true or false"):
         load_table(write_table(configs, GOOD + "curves: sometimes\n"), "smoke", configs)
+
+
+def test_data_preparation_is_finished_by_its_marker_not_by_the_dictionary(configs, tmp_path):
+    """fairseq-preprocess writes its dictionary before the binarised data: a killed preparation leaves
+    one, so every preparation step is proved finished by a marker the runner writes after it."""
+    plan = tables.Plan(load_table(write_table(configs, GOOD), "smoke", configs), tmp_path, tmp_path / "data", None)
+    for ds in plan.table.datasets.values():
+        assert all(step.output.suffix == ".done" for step in plan.prep_steps(ds))

@@ -13,7 +13,7 @@ from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.outputs import trained_side_by_side
 from fairseq_sparse.experiments.plan import Plan
 from fairseq_sparse.experiments.record import Cell, Record, Recorded, cell_steps, commands_key
-from fairseq_sparse.experiments.runner import done
+from fairseq_sparse.experiments.completion import done
 from fairseq_sparse.experiments.schema import Column, Dataset, Row
 
 logger = logging.getLogger("fairseq_sparse.experiments")

@@ -1,21 +1,15 @@
 """Running a plan: each command as a subprocess with its log in a file, finished ones skipped;
 ``--dry-run`` parses every command with its tool's own parser instead.
 
-A step is finished when its completion marker exists (``completion_marker``), written by
-rename after its command exited 0 and its output is there: an output alone proves nothing
-(fairseq-preprocess writes the dictionary first, a killed decode leaves half a file), so a
-runner killed at any moment re-runs exactly the step it was in. A step runs under a lock of
-its own, so two runners sharing models or data never run it twice at once: the second waits
-for the first and then finds it finished.
+A step is finished when its completion marker exists, and runs under a lock of its own
+(``completion``): a runner killed at any moment re-runs exactly the step it was in, and two
+runners sharing models or data never run one step at once.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib
 import importlib.util
-import os
 import re
 import shlex
 import subprocess
@@ -25,6 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from fairseq_sparse.experiments.completion import completion_marker, done, step_lock, write_atomically
 from fairseq_sparse.experiments.errors import ConfigError, StepError
 from fairseq_sparse.experiments.machine import SharedMachine, sigterm_as_exit
 from fairseq_sparse.experiments.outputs import SIDE_BY_SIDE_MARK
@@ -99,40 +94,6 @@ def _run_locked(step: Step, prefix: str, machine: Optional[SharedMachine]) -> fl
     elapsed = time.time() - start
     print(f"{prefix}done in {elapsed:.0f}s" + (f" ({step.label})" if machine else ""), flush=True)
     return elapsed
-
-
-def completion_marker(step: Step) -> Path:
-    """What proves that ``step`` ran to the end: its output if that is a ``.done`` marker itself
-    (trainings, data preparation), else ``OUTPUT.done`` beside the output."""
-    return step.output if step.output.suffix == ".done" else step.output.with_name(step.output.name + ".done")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write under a temporary name, then rename: a reader sees the whole file or none."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
-
-
-@contextlib.contextmanager
-def step_lock(step: Step, prefix: str = "      "):
-    """Hold ``step``'s lock file (beside its marker) while it runs; wait if another runner holds it."""
-    marker = completion_marker(step)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    with open(marker.with_name(f".{marker.name}.lock"), "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"{prefix}another runner is running this step; waiting for it", flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def done(step: Step) -> bool:
-    return completion_marker(step).exists() and step.output.exists()
 
 
 def execute(plan: Plan, steps: List[Step], jobs: int = 1, finished: Callable[[], None] = lambda: None,

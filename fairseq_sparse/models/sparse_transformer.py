@@ -10,6 +10,8 @@ import logging
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import transformer_decoder, transformer_encoder
+from fairseq.modules.fairseq_dropout import FairseqDropout
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
     transformer_iwslt_de_en,
@@ -38,7 +40,7 @@ class SparseTransformerModel(TransformerModel):
     def build_model(cls, args, task):
         SparseModelOptions.fill_defaults(args)
         SparseModelOptions.from_cfg(args)  # one clear error for a bad option, before anything is built
-        return super().build_model(args, task)
+        return answer_to_stock_dropout_names(super().build_model(args, task))
 
     def set_num_updates(self, num_updates):
         self.num_updates = num_updates  # read by criteria that schedule a weight (the L0 lambda ramp)
@@ -82,6 +84,26 @@ class SparseTransformerModel(TransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         decoder = L0DropTransformerDecoder if SparseModelOptions.from_cfg(cfg).uses_gated_encoder else SparseTransformerDecoder
         return decoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+def stock_name(module_class: type) -> str:
+    """The name stock fairseq gives the dropout modules of the class a module of ours stands in for:
+    its nearest fairseq ancestor, through fairseq's own renaming (TransformerEncoderBase ->
+    TransformerEncoder; its layers keep TransformerEncoderLayerBase, as stock's do)."""
+    stock = next(c for c in module_class.__mro__ if c.__module__.startswith("fairseq."))
+    return transformer_decoder.module_name_fordropout(transformer_encoder.module_name_fordropout(stock.__name__))
+
+
+def answer_to_stock_dropout_names(model):
+    """Name every dropout module as stock fairseq names its counterpart, so fairseq's
+    ``--retain-dropout-modules NAMES`` keeps on exactly the dropouts it keeps on in stock fairseq's
+    transformer (fairseq names them after the owner's class: ours would be SparseTransformerEncoder,
+    SparseMultiheadAttention, ...)."""
+    for owner in model.modules():
+        for child in owner.children():
+            if isinstance(child, FairseqDropout) and child.module_name == type(owner).__name__:
+                child.module_name = stock_name(type(owner))
+    return model
 
 
 # Architectures: the papers' model sizes, then method presets.

@@ -242,3 +242,23 @@ def test_a_preset_naming_an_unknown_option_fails_at_registration():
     with pytest.raises(ValueError, match=r"\['cros_attn_fn'\] are not transformer_sparse options"):
         _preset("transformer_sparse_typo", sparse_base_architecture, "a typo", cros_attn_fn="topk")
     assert "transformer_sparse_typo" not in ARCH_MODEL_NAME_REGISTRY
+
+
+@pytest.mark.parametrize("retained", [["TransformerEncoder", "TransformerEncoderLayer"], ["MultiheadAttention"],
+                                      ["TransformerDecoderLayer", "TransformerDecoder"], None])
+@pytest.mark.parametrize("options", [{"encoder_attn_fn": "topk", "decoder_attn_fn": "hard", "cross_attn_fn": "rela_g"},
+                                     {"l0drop": True}], ids=["functions", "l0drop"])
+def test_retain_dropout_modules_takes_stock_fairseqs_class_names(options, retained):
+    """fairseq's --retain-dropout --retain-dropout-modules NAMES (Monte Carlo dropout at inference): the
+    dropout modules it keeps on are the ones it keeps on in stock fairseq's transformer."""
+    from types import SimpleNamespace
+
+    from fairseq.modules.fairseq_dropout import FairseqDropout
+
+    generation = SimpleNamespace(generation=SimpleNamespace(retain_dropout=True, retain_dropout_modules=retained))
+    kept = []
+    for model in (build_model("transformer_iwslt_de_en", dropout=0.1, attention_dropout=0.1, activation_dropout=0.1),
+                  build_model(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, **options)):
+        model.prepare_for_inference_(generation)
+        kept.append({name for name, m in model.named_modules() if isinstance(m, FairseqDropout) and m.apply_during_inference})
+    assert kept[0] and kept[1] == kept[0]

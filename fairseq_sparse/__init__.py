@@ -4,6 +4,7 @@ from . import checkpoint_loading  # noqa: F401  (first: makes fairseq checkpoint
 from . import attention  # noqa: F401
 from .models import l0drop, sparse_transformer  # noqa: F401
 from .models import presets_topk_paper  # noqa: F401  (the Extremely Sparse Transformer paper's architectures)
+from .criterions import alignment as alignment_criterion  # noqa: F401
 from .criterions import l0drop as l0drop_criterion  # noqa: F401
 
 # the hub class, for ``fairseq_sparse.SparseTransformerModel.from_pretrained(...)``; its module is

@@ -86,6 +86,15 @@ class SparseModelOptions:
         None, "word types the pos pattern prunes, one a line (scripts/build_pos_prune_table.py)", metavar="FILE")
     # set on a loaded checkpoint's options: its pos table is a buffer of the state, the file is not read
     encoder_prune_pos_table_stored: bool = option(False, None)
+    # fairseq's transformer_align (Garg et al., 2019), on every transformer_sparse architecture
+    alignment_layer: Optional[int] = option(
+        None, "decoder layer whose cross-attention is supervised with alignments, 0 the bottommost (as "
+        "transformer_align; unset: fairseq's default, the last layer)", type=int, metavar="N")
+    alignment_heads: Optional[int] = option(
+        None, "heads of that cross-attention averaged into the alignment (as transformer_align; unset: all)",
+        type=positive_int, metavar="N")
+    full_context_alignment: bool = option(
+        False, "supervise the alignment conditioned on the full target context (as transformer_align)", flag=True)
 
     @classmethod
     def add_args(cls, parser) -> None:

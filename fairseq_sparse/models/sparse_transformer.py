@@ -10,6 +10,7 @@ import logging
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer_align import TransformerAlignModel
 from fairseq.models.transformer import transformer_decoder, transformer_encoder
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from fairseq.models.transformer.transformer_legacy import (
@@ -41,6 +42,30 @@ class SparseTransformerModel(TransformerModel):
         SparseModelOptions.fill_defaults(args)
         SparseModelOptions.from_cfg(args)  # one clear error for a bad option, before anything is built
         return answer_to_stock_dropout_names(super().build_model(args, task))
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        options = SparseModelOptions.from_cfg(args)
+        # read by transformer_align's forward_decoder, which this model borrows when they are set
+        self.alignment_layer, self.alignment_heads = options.alignment_layer, options.alignment_heads
+        self.full_context_alignment = options.full_context_alignment
+        layers = len(decoder.layers)
+        if self.alignment_layer is not None and not 0 <= self.alignment_layer < layers:
+            raise ValueError(f"--alignment-layer {self.alignment_layer}: the decoder has layers 0..{layers - 1}")
+
+    def aligns(self) -> bool:
+        """Whether transformer_align's options are set (else every forward is fairseq's transformer's)."""
+        return self.alignment_layer is not None or self.alignment_heads is not None or self.full_context_alignment
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
+        if not self.aligns():
+            return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
+        return TransformerAlignModel.forward(self, src_tokens, src_lengths, prev_output_tokens)
+
+    def forward_decoder(self, prev_output_tokens, *args, **kwargs):
+        if not self.aligns():
+            return super().forward_decoder(prev_output_tokens, *args, **kwargs)
+        return TransformerAlignModel.forward_decoder(self, prev_output_tokens, *args, **kwargs)
 
     def set_num_updates(self, num_updates):
         self.num_updates = num_updates  # read by criteria that schedule a weight (the L0 lambda ramp)

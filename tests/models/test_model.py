@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from fairseq_sparse.checkpoint_loading import CheckpointLoadError
 from fairseq_sparse.models.options import SparseModelOptions
 from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
-from helpers import build_model, model_args
+from helpers import build_model, model_args, random_batch
 
 ARCHS = {
     # arch: (encoder layers, embed dim, heads, {sublayer: fn})
@@ -262,3 +262,21 @@ def test_retain_dropout_modules_takes_stock_fairseqs_class_names(options, retain
         model.prepare_for_inference_(generation)
         kept.append({name for name, m in model.named_modules() if isinstance(m, FairseqDropout) and m.apply_during_inference})
     assert kept[0] and kept[1] == kept[0]
+
+
+def test_transformer_align_options_give_stock_transformer_aligns_outputs():
+    """--alignment-layer / --alignment-heads / --full-context-alignment on a transformer_sparse architecture:
+    with stock transformer_align's weights, the same logits and the same supervised attention."""
+    batch = random_batch(lengths=[7, 4, 9], tgt_lengths=[6, 3, 5], seed=7)
+    options = dict(alignment_layer=0, alignment_heads=2, full_context_alignment=True)
+    stock = build_model("transformer_align", encoder_layers=2, decoder_layers=2, **options).eval()
+    ours = build_model(**options).eval()
+    ours.load_state_dict(stock.state_dict())
+    plain = build_model().eval()
+    plain.load_state_dict(stock.state_dict())
+    with torch.no_grad():
+        (expected, extra), (got, got_extra), (_, plain_extra) = stock(**batch), ours(**batch), plain(**batch)
+    assert torch.equal(got, expected) and torch.equal(got_extra["attn"][0], extra["attn"][0])
+    assert not torch.allclose(plain_extra["attn"][0], extra["attn"][0])  # the options change what is supervised
+    with pytest.raises(ValueError, match="--alignment-layer 2: the decoder has layers 0..1"):
+        build_model(alignment_layer=2)

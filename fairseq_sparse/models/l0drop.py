@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..attention import get_attention
-from ..modules.l0drop import GateOutput, HardConcreteGate, compress_memory
+from ..modules.l0drop import GateOutput, HardConcreteGate, compress_memory, source_attention
 from ..modules.prune_patterns import RulePatternGate
 from .options import SparseModelOptions
 from .sparse_layers import SparseTransformerDecoder, SparseTransformerEncoder, SparseTransformerEncoderLayer, wrap_layer
@@ -104,14 +104,17 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
         else:
             memory, mask, counts = compress_memory(x, gate.gates, padding)
             out["encoder_out"], out["encoder_padding_mask"], out["encoder_key_counts"] = [memory], [mask], [counts]
+            # what maps attention over the compressed slots back to source positions (--print-alignment)
+            out["encoder_gates"], out["encoder_source_padding"] = [gate.gates], [padding]
         return out
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
         # Beam search reorders every step: carry the key counts along, and drop the gate
         # statistics, which only the criterion reads (from a forward pass, never reordered).
         reordered = super().reorder_encoder_out(encoder_out, new_order)
-        if encoder_out.get("encoder_key_counts"):
-            reordered["encoder_key_counts"] = [encoder_out["encoder_key_counts"][0].index_select(0, new_order)]
+        for key in ("encoder_key_counts", "encoder_gates", "encoder_source_padding"):
+            if encoder_out.get(key):
+                reordered[key] = [encoder_out[key][0].index_select(0, new_order)]
         return reordered
 
 
@@ -144,6 +147,12 @@ class L0DropTransformerDecoder(SparseTransformerDecoder):
     def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                 incremental_state=None, **kwargs):
         x, extra = super().forward(prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state, **kwargs)
+        if encoder_out is not None and encoder_out.get("encoder_gates") and extra.get("attn") and extra["attn"][0] is not None:
+            layer = kwargs.get("alignment_layer")
+            attn_fn = self.layers[-1 if layer is None else layer].encoder_attn.attn_fn
+            # hard retrieval's argmax takes the first of tied keys: the first pruned position
+            extra["attn"] = [source_attention(extra["attn"][0], encoder_out["encoder_gates"][0],
+                                              encoder_out["encoder_source_padding"][0], first_pruned_only=attn_fn == "hard")]
         if encoder_out is not None and encoder_out.get("l0drop_expected_l0"):
             extra["l0drop_expected_l0"] = encoder_out["l0drop_expected_l0"][0]
             extra["l0drop_closed"] = encoder_out["l0drop_closed"][0]

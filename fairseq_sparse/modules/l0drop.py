@@ -94,6 +94,38 @@ class HardConcreteGate(nn.Module):
         return gated, GateOutput(gates=gates, expected_l0=expected_l0, closed=closed)
 
 
+def kept_order(kept: Tensor) -> Tensor:
+    """(B, W) the positions of each sentence's kept encodings, in order, W = most kept in the batch
+    (a sentence with fewer is filled with positions of pruned ones: its unused slots)."""
+    width = int(kept.sum(dim=1).max()) if kept.size(0) > 0 else 0
+    # a stable sort puts each sentence's kept positions first, in their original order
+    return torch.sort((~kept).to(torch.uint8), dim=1, stable=True).indices[:, :width]
+
+
+def source_attention(attn: Tensor, gates: Tensor, padding_mask: Optional[Tensor], first_pruned_only: bool) -> Tensor:
+    """Cross-attention weights over a compressed memory, (B, T, 1 + W), as the uncompressed model's
+    weights over the source positions, (B, T, S).
+
+    A kept slot's weight goes to its encoding's position. The zero slot stands for the c pruned
+    encodings, c identical keys, which get equal weights in the uncompressed model: its weight is
+    shared among them, or, for a function that breaks ties by taking the first key (hard
+    retrieval's argmax), all goes to the first pruned position.
+    """
+    kept = gates > 0
+    real = kept.new_ones(kept.shape) if padding_mask is None else ~padding_mask
+    pruned = real & ~kept
+    order = kept_order(kept)  # (B, W)
+    used = torch.arange(order.size(1), device=attn.device)[None, :] < kept.sum(dim=1, keepdim=True)
+    tgt_len = attn.size(1)
+    full = attn.new_zeros(attn.size(0), tgt_len, kept.size(1))
+    full.scatter_add_(-1, order[:, None, :].expand(-1, tgt_len, -1), attn[..., 1:] * used[:, None, :])
+    if first_pruned_only:
+        share = torch.zeros_like(pruned).scatter_(1, pruned.long().argmax(dim=1, keepdim=True), True) & pruned
+    else:
+        share = pruned / pruned.sum(dim=1, keepdim=True).clamp(min=1)
+    return full + attn[..., :1] * share[:, None, :].to(attn.dtype)
+
+
 def compress_memory(
     x: Tensor, gates: Tensor, padding_mask: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -110,9 +142,8 @@ def compress_memory(
     real = kept.new_ones(kept.shape) if padding_mask is None else ~padding_mask
     num_kept = kept.sum(dim=1)
     num_pruned = (real & ~kept).sum(dim=1)
-    width = int(num_kept.max()) if bsz > 0 else 0
-    # a stable sort puts each sentence's kept positions first, in their original order
-    order = torch.sort((~kept).to(torch.uint8), dim=1, stable=True).indices[:, :width]
+    order = kept_order(kept)
+    width = order.size(1)
     rows = x.transpose(0, 1).gather(1, order.unsqueeze(-1).expand(-1, -1, x.size(-1)))  # (B, W, C)
     slot_used = torch.arange(width, device=x.device)[None, :] < num_kept[:, None]
     rows = rows.masked_fill(~slot_used.unsqueeze(-1), 0.0)

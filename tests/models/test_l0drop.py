@@ -321,3 +321,24 @@ def test_lambda_controls_sparsity_in_a_short_run(l0_lambda, expect_sparse):
         _, _, log = loss_fn(model, sample)
     sparsity = float(log["l0_closed"]) / float(log["src_tokens"])
     assert (sparsity > 0.3) if expect_sparse else (sparsity < 0.05), sparsity
+
+
+@pytest.mark.parametrize("cross", CROSS_FUNCTIONS)
+def test_attention_over_the_compressed_memory_is_given_over_source_positions(cross):
+    """The decoder's cross-attention (what --print-alignment and the analysis tools read) maps the
+    compressed slots back to the source positions: equal to the uncompressed model's attention,
+    in a teacher-forced pass and in every hypothesis of beam search."""
+    batch = random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 4, 6], seed=2)
+    model = close_some_gates(build_model(l0drop=True, cross_attn_fn=cross, attn_k=3).eval(), batch)
+    attention = []
+    for compress in (True, False):
+        model.encoder.compress = compress
+        with torch.no_grad():
+            attention.append(model(**batch)[1]["attn"][0])
+    assert attention[0].shape == attention[1].shape == (3, 6, 9)
+    assert (attention[0] - attention[1]).abs().max() <= 1e-5
+    compressed, uncompressed = generate(model, batch, 4, compress=True), generate(model, batch, 4, compress=False)
+    for hyps_c, hyps_u in zip(compressed, uncompressed):
+        for hc, hu in zip(hyps_c, hyps_u):
+            assert hc["attention"].shape == hu["attention"].shape
+            assert (hc["attention"] - hu["attention"]).abs().max() <= 1e-5

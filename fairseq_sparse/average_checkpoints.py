@@ -12,6 +12,7 @@ state with the averaged ``model`` weights.
 
 import argparse
 import re
+import os
 import sys
 from pathlib import Path
 from typing import List
@@ -91,7 +92,10 @@ def main(argv=None) -> Path:
         state = average(paths)
     except (AveragingError, FileNotFoundError) as e:
         sys.exit(f"average_checkpoints: error: {e}")
-    torch.save(state, args.output)
+    output = Path(args.output)
+    partial = output.with_name(f".{output.name}.partial")
+    torch.save(state, partial)
+    os.replace(partial, output)  # a reader (or a resumed table) never sees half a checkpoint
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {args.output}")
     return Path(args.output)
 

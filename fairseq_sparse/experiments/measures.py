@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional
 
 from fairseq_sparse.experiments.outputs import (attention_sparsity, best_valid_loss, bleu, decode_seconds, decode_speeds,
                                                 l0drop_sparsity, null_rate, trained_epochs, trained_params,
-                                                train_words_per_second, training_seconds)
+                                                train_words_per_second, training_seconds, valid_loss_per_epoch)
 
 if TYPE_CHECKING:  # only for annotations: the plan imports this registry
     from fairseq_sparse.experiments.plan import Plan
@@ -134,6 +134,18 @@ def valid_loss(plan, ds, row, col, seed, signatures):
     if "--disable-validation" in plan.train_argv(ds, row, seed):
         return None  # not measured: the row trains without validation (a fixed fine-tuning budget)
     return best_valid_loss(_train_log(plan, ds, row, seed))
+
+
+@register("valid_loss_at", "train_log", digits=3)
+def valid_loss_at_epoch(plan, ds, row, col, seed, signatures):
+    """The validation loss after epoch ``col.epoch``: curves compared at fixed epochs."""
+    if "--disable-validation" in plan.train_argv(ds, row, seed):
+        return None
+    log = _train_log(plan, ds, row, seed)
+    losses = valid_loss_per_epoch(log)
+    if col.epoch not in losses:
+        raise ValueError(f"{log}: no validation loss after epoch {col.epoch} (validated epochs: {sorted(losses)})")
+    return losses[col.epoch]
 
 
 @register("sparsity", "l0drop")

@@ -512,3 +512,28 @@ def test_data_preparation_is_finished_by_its_marker_not_by_the_dictionary(config
     plan = tables.Plan(load_table(write_table(configs, GOOD), "smoke", configs), tmp_path, tmp_path / "data", None)
     for ds in plan.table.datasets.values():
         assert all(step.output.suffix == ".done" for step in plan.prep_steps(ds))
+
+
+def test_valid_loss_at_an_epoch_reads_that_epochs_validation(tmp_path, monkeypatch, configs):
+    """valid_loss_at compares curves at fixed epochs (the study's diagnosis); its column names the epoch."""
+    from types import SimpleNamespace
+
+    from fairseq_sparse.experiments import measures
+
+    log = tmp_path / "train.log"
+    log.write_text("| valid | epoch 001 | valid on 'valid' subset | loss 7.5 | x\n"
+                   "| valid | epoch 002 | valid on 'valid' subset | loss 6.25 | x\n")
+    monkeypatch.setattr(measures, "_train_log", lambda plan, ds, row, seed: log)
+    plan = SimpleNamespace(train_argv=lambda ds, row, seed: ["fairseq-train"])
+    at = measures.valid_loss_at_epoch
+    assert "valid_loss_at" in measures.MEASURES
+    assert at(plan, None, None, SimpleNamespace(epoch=1), 1, {}) == 7.5
+    assert at(plan, None, None, SimpleNamespace(epoch=2), 1, {}) == 6.25
+    with pytest.raises(ValueError, match="no validation loss after epoch 3"):
+        at(plan, None, None, SimpleNamespace(epoch=3), 1, {})
+    for column in ("{id: loss, label: loss, dataset: iwslt14_de_en, measure: valid_loss_at}",
+                   "{id: loss, label: loss, dataset: iwslt14_de_en, measure: bleu, epoch: 2}",
+                   "{id: loss, label: loss, dataset: iwslt14_de_en, measure: valid_loss_at, epoch: 0}"):
+        text = GOOD.replace("columns: [{id: bleu, label: BLEU, dataset: iwslt14_de_en, measure: bleu}]", f"columns: [{column}]")
+        with pytest.raises(ConfigError, match="valid_loss_at needs epoch"):
+            load_table(write_table(configs, text), "smoke", configs)

@@ -264,3 +264,20 @@ def test_two_runners_never_run_one_step_at_once(tmp_path):
     assert all(r.returncode == 0 for r in runners)
     assert log.read_text() == "start\nend\n"
     assert any("finished meanwhile by another runner" in out for out in outputs)
+
+
+def test_steps_run_before_completion_markers_count_as_finished_only_by_their_last_words(tmp_path):
+    from fairseq_sparse.experiments.completion import done
+
+    decode = Step("generate", ["x"], tmp_path / "gen.out", tmp_path / "gen.log", "decode")
+    decode.output.write_text("H-0 x\n")
+    assert not done(decode)  # cut short: no summary line
+    decode.output.write_text("H-0 x\nTranslated 1 sentences (2 tokens)\n")
+    assert done(decode)
+    average = Step("average", ["x"], tmp_path / "avg.pt", tmp_path / "average.log", "average")
+    average.output.write_text("half")
+    assert not done(average)
+    average.log.write_text("averaged 5 checkpoints (...) into avg.pt\n")
+    assert done(average)
+    train = Step("train", ["x"], tmp_path / "train.done", tmp_path / "train.log", "train")
+    assert not done(train)

@@ -46,15 +46,21 @@ from torch import Tensor, nn
 AttentionOutput = Tuple[Tensor, Optional[Tensor]]
 
 
+# Attended keys per query of the functions that take k (top-k, the patterns), when none is given.
+DEFAULT_K = 8
+# How hard retrieval picks its key in training: sample from the softmax (the paper) or take its argmax.
+HARD_TRAIN_CHOICES = ("sample", "argmax")
+
+
 @dataclass
 class AttentionContext:
     """Everything an attention function may need besides scores, values and mask."""
 
-    k: int = 8
+    k: int = DEFAULT_K
     training: bool = False
     need_weights: bool = True
     dropout: Callable[[Tensor], Tensor] = lambda x: x
-    hard_train: str = "sample"  # how `hard` picks its key in training: sample | argmax
+    hard_train: str = HARD_TRAIN_CHOICES[0]  # how `hard` picks its key in training
     head_params: Optional[nn.Module] = None
     self_attention: bool = True
     # Only for functions registered with uses_positions=True. Positions count real

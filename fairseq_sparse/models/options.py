@@ -13,13 +13,12 @@ from typing import Callable, Optional, Sequence, Union
 
 from fairseq import utils
 
-from ..attention import attention_names, check_k, get_attention
+from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, attention_names, check_k, get_attention
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from ..modules.l0drop import GATE_INITS, check_gate_init
 from ..modules.prune_patterns import PATTERNS
 
 SUBLAYERS = ("encoder", "decoder", "cross")
-HARD_TRAIN_CHOICES = ("sample", "argmax")
 
 
 def positive_int(text: str) -> int:
@@ -57,9 +56,9 @@ class SparseModelOptions:
     encoder_attn_k: Optional[int] = _attn_k("encoder self-attention")
     decoder_attn_k: Optional[int] = _attn_k("decoder self-attention")
     cross_attn_k: Optional[int] = _attn_k("encoder-decoder attention")
-    attn_k: int = option(8, "attended keys per query for functions that take k, e.g. topk",
+    attn_k: int = option(DEFAULT_K, "attended keys per query for functions that take k, e.g. topk",
                          type=positive_int, metavar="K")
-    hard_train: str = option("sample", "how hard retrieval attention picks its key in training: sample from "
+    hard_train: str = option(HARD_TRAIN_CHOICES[0], "how hard retrieval attention picks its key in training: sample from "
                              "the softmax (the paper) or take its argmax", choices=HARD_TRAIN_CHOICES)
     attn_pattern_seed: int = option(DEFAULT_PATTERN_SEED, "seed of the random key choice of random/bigbird attention",
                                     type=int, metavar="N")

@@ -94,10 +94,11 @@ class HardConcreteGate(nn.Module):
         return gated, GateOutput(gates=gates, expected_l0=expected_l0, closed=closed)
 
 
-def kept_order(kept: Tensor) -> Tensor:
-    """(B, W) the positions of each sentence's kept encodings, in order, W = most kept in the batch
-    (a sentence with fewer is filled with positions of pruned ones: its unused slots)."""
-    width = int(kept.sum(dim=1).max()) if kept.size(0) > 0 else 0
+def kept_order(kept: Tensor, width: Optional[int] = None) -> Tensor:
+    """(B, W) the positions of each sentence's kept encodings, in order, W = ``width`` or the most kept
+    in the batch (a sentence with fewer is filled with positions of pruned ones: its unused slots)."""
+    if width is None:
+        width = int(kept.sum(dim=1).max()) if kept.size(0) > 0 else 0
     # a stable sort puts each sentence's kept positions first, in their original order
     return torch.sort((~kept).to(torch.uint8), dim=1, stable=True).indices[:, :width]
 
@@ -114,7 +115,8 @@ def source_attention(attn: Tensor, gates: Tensor, padding_mask: Optional[Tensor]
     kept = gates > 0
     real = kept.new_ones(kept.shape) if padding_mask is None else ~padding_mask
     pruned = real & ~kept
-    order = kept_order(kept)  # (B, W)
+    # the memory's width: beam search drops finished sentences, the memory keeps its slots
+    order = kept_order(kept, attn.size(-1) - 1)  # (B, W)
     used = torch.arange(order.size(1), device=attn.device)[None, :] < kept.sum(dim=1, keepdim=True)
     tgt_len = attn.size(1)
     full = attn.new_zeros(attn.size(0), tgt_len, kept.size(1))

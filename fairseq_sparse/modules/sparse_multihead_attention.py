@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
-from ..attention import AttentionContext, check_k, get_attention
+from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, AttentionContext, check_k, get_attention
 from ..attention.functions import visible_keys
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from .gathered_attention import GatheredSoftmax, plan_gathered
@@ -66,8 +66,8 @@ class SparseMultiheadAttention(MultiheadAttention):
         embed_dim: int,
         num_heads: int,
         attn_fn: str = "softmax",
-        attn_k: int = 8,
-        hard_train: str = "sample",
+        attn_k: int = DEFAULT_K,
+        hard_train: str = HARD_TRAIN_CHOICES[0],
         pattern_seed: int = DEFAULT_PATTERN_SEED,
         **kwargs,
     ):
@@ -83,8 +83,8 @@ class SparseMultiheadAttention(MultiheadAttention):
             raise ValueError(f"attention function {attn_fn!r} is defined for self-attention only, not encoder-decoder attention")
         self.pattern_seed = pattern_seed
         self.attn_k = check_k(attn_k)
-        if hard_train not in ("sample", "argmax"):
-            raise ValueError(f"hard_train must be 'sample' or 'argmax', got {hard_train!r}")
+        if hard_train not in HARD_TRAIN_CHOICES:
+            raise ValueError(f"hard_train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {hard_train!r}")
         self.hard_train = hard_train
         self.output_norm = (
             self.spec.build_output_norm(embed_dim, self.head_dim) if self.spec.build_output_norm else None

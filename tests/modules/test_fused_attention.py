@@ -60,6 +60,10 @@ def test_model_outputs_and_gradients_equal_the_function_path(name, sublayer):
 def test_incremental_decoding_equals_the_fused_full_pass(name, sublayer):
     """Incremental steps (one query a call: the registered function) against the full pass
     (several queries: the fused path) of the same model, in every layer but the alignment one."""
+    assert_incremental_decoding_equals_the_full_pass(name, sublayer)
+
+
+def assert_incremental_decoding_equals_the_full_pass(name, sublayer):
     model = build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, seed=4).eval()
     batch = random_batch(lengths=[6, 8], tgt_lengths=[5, 5], seed=8)
     with torch.no_grad():

@@ -13,8 +13,8 @@ import torch
 
 from attention_cases import CASES
 from fairseq_sparse.modules import gathered_attention, sparse_multihead_attention
-from helpers import build_model, random_batch
-from test_fused_attention import FUSED, assert_training_pass_equals_the_function_path, causal_mask, module_pair, unfused
+from test_fused_attention import (FUSED, assert_incremental_decoding_equals_the_full_pass,
+                                  assert_training_pass_equals_the_function_path, causal_mask, module_pair, unfused)
 
 GATHERED = [name for name in FUSED if name != "softmax"]
 SUBLAYERS = ("encoder", "decoder", "cross")
@@ -165,15 +165,7 @@ def test_model_outputs_gradients_and_incremental_decoding_on_the_gathered_path(n
     assert_training_pass_equals_the_function_path(name, sublayer)
     assert gathered
 
-    model = build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, seed=4).eval()
-    batch = random_batch(lengths=[6, 8], tgt_lengths=[5, 5], seed=8)  # incremental decoding knows no target padding
-    with torch.no_grad():
-        expected, _ = model(**batch)
-        encoder_out = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])
-        state, steps = {}, []
-        for t in range(batch["prev_output_tokens"].size(1)):
-            steps.append(model.decoder(batch["prev_output_tokens"][:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0])
-    assert (torch.cat(steps, dim=1) - expected).abs().max() <= 1e-5
+    assert_incremental_decoding_equals_the_full_pass(name, sublayer)
 
 
 def test_a_mask_other_than_the_future_mask_takes_the_other_paths(gathered):

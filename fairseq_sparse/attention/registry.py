@@ -91,6 +91,9 @@ class AttentionSpec:
     self_attention_only: bool = False
     # Honours ctx.key_counts, so L0Drop's compressed decoding is exact with it.
     supports_key_counts: bool = False
+    # Gives all the weight of tied keys to the first of them (an argmax): L0Drop's alignments map
+    # the weight of its zero slot (c tied keys) to the first pruned position, not c shares.
+    ties_to_first_key: bool = False
     # The function is softmax over the keys this selection leaves (see the module docstring).
     selection: Optional[Callable[[Tensor, Optional[Tensor], AttentionContext], Optional[Tensor]]] = None
     selection_reads_scores: bool = False
@@ -111,6 +114,7 @@ def register_attention(
     uses_positions: bool = False,
     self_attention_only: bool = False,
     supports_key_counts: bool = False,
+    ties_to_first_key: bool = False,
     selection: Optional[Callable] = None,
     selection_reads_scores: bool = False,
     selection_band: Optional[Callable[[int], int]] = None,
@@ -129,6 +133,7 @@ def register_attention(
             uses_positions=uses_positions,
             self_attention_only=self_attention_only,
             supports_key_counts=supports_key_counts,
+            ties_to_first_key=ties_to_first_key,
             selection=selection,
             selection_reads_scores=selection_reads_scores,
             selection_band=selection_band,

@@ -82,7 +82,7 @@ class SparseModelOptions:
         "pos (function words, punctuation, MD/EX and subword continuations; needs --encoder-prune-pos-table)",
         choices=PATTERNS)
     encoder_prune_pos_table: Optional[str] = option(
-        None, "word types the pos pattern prunes, one a line (scripts/build_pos_prune_table.py)", metavar="FILE")
+        None, "word types the pos pattern prunes, one a line (python -m fairseq_sparse.data.pos_prune_table)", metavar="FILE")
     # set on a loaded checkpoint's options: its pos table is a buffer of the state, the file is not read
     encoder_prune_pos_table_stored: bool = option(False, None)
     # fairseq's transformer_align (Garg et al., 2019), on every transformer_sparse architecture

@@ -128,16 +128,15 @@ def source_attention(attn: Tensor, gates: Tensor, padding_mask: Optional[Tensor]
     return full + attn[..., :1] * share[:, None, :].to(attn.dtype)
 
 
-def compress_memory(
-    x: Tensor, gates: Tensor, padding_mask: Optional[Tensor]
-) -> Tuple[Tensor, Tensor, Tensor]:
+def compress_memory(x: Tensor, gates: Tensor, padding_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """Algorithm 1, step 1: drop encodings whose gate is 0, prepend one zero slot counting them.
 
     x: (T, B, C) gated encoder outputs (x * g); gates: (B, T), 0 at padding.
     Returns memory (1 + W, B, C) with slot 0 a zero vector followed by each sentence's
-    kept encodings in order (W = most kept in the batch), its padding mask (B, 1 + W)
-    and key counts (B, 1 + W): slot 0 = number pruned (0, i.e. masked, when nothing
-    was pruned), kept slots 1, padding 0.
+    kept encodings in order (W = most kept in the batch), and its key counts (B, 1 + W), int64:
+    slot 0 = number pruned, kept slots 1, unused slots 0. The counts take the place of the
+    encoder's padding mask (a count of 0 hides the slot: slot 0 when nothing was pruned), which
+    fairseq's decoder hands to every cross-attention call (``counted_padding``).
     """
     bsz = x.size(1)
     kept = gates > 0
@@ -150,5 +149,17 @@ def compress_memory(
     slot_used = torch.arange(width, device=x.device)[None, :] < num_kept[:, None]
     rows = rows.masked_fill(~slot_used.unsqueeze(-1), 0.0)
     memory = torch.cat([rows.new_zeros(bsz, 1, x.size(-1)), rows], dim=1).transpose(0, 1)
-    counts = torch.cat([num_pruned[:, None].to(x.dtype), slot_used.to(x.dtype)], dim=1).float()
-    return memory, counts == 0, counts
+    counts = torch.cat([num_pruned[:, None], slot_used.long()], dim=1)
+    return memory, counts
+
+
+def counted_padding(key_padding_mask: Optional[Tensor]) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """Reads fairseq's key padding mask (B, S), which is either a padding mask (bool, or fairseq's
+    0/1 floats) or a compressed memory's key counts (an integer tensor, ``compress_memory``).
+
+    Returns the padding mask (True = hidden: padding, or a count of 0) and the key counts (None for
+    a plain padding mask: one encoding per key).
+    """
+    if key_padding_mask is None or key_padding_mask.dtype == torch.bool or key_padding_mask.is_floating_point():
+        return key_padding_mask, None
+    return key_padding_mask.eq(0), key_padding_mask

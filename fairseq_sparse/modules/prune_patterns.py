@@ -6,7 +6,7 @@
 * ``freq``: prune the 100 most frequent source types of the training data (dictionary counts);
 * ``inv_freq``: prune the rarest source types that together cover 40% of the training tokens;
 * ``pos``: prune function words, punctuation, MD and EX (a table of word types, built by
-  ``scripts/build_pos_prune_table.py`` with the offline HanTa tagger) and every subword
+  ``python -m fairseq_sparse.data.pos_prune_table`` with the offline HanTa tagger) and every subword
   continuation (BPEO: a token whose predecessor ends with ``@@``); word-initial pieces of
   split words (BPEH) are kept, as in the paper.
 
@@ -57,7 +57,7 @@ def rare_types(dictionary: Dictionary, share: float = INV_FREQ_TOKEN_SHARE) -> T
 def table_from_file(dictionary: Dictionary, path: str) -> Tensor:
     """Bool (V,): the word types listed (one a line) in ``path``."""
     if not Path(path).is_file():
-        raise FileNotFoundError(f"--encoder-prune-pos-table: no such file: {path} (build it with scripts/build_pos_prune_table.py)")
+        raise FileNotFoundError(f"--encoder-prune-pos-table: no such file: {path} (build it with python -m fairseq_sparse.data.pos_prune_table)")
     table = torch.zeros(len(dictionary), dtype=torch.bool)
     for word in Path(path).read_text(encoding="utf-8").split():
         index = dictionary.index(word)

@@ -21,39 +21,19 @@ Two paths compute it:
   decoding, where stock fairseq is unfused too), and every other method.
 """
 
-import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
 from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, AttentionContext, check_k, get_attention
-from ..attention.functions import visible_keys
 from ..attention.structured import DEFAULT_PATTERN_SEED
-from .gathered_attention import GatheredSoftmax, plan_gathered
-from .selected_softmax import ChunkPlan, SelectedSoftmaxInChunks
+from .attention_masks import as_bool, combine_masks
+from .l0drop import counted_padding
+from .fused_softmax import selected_softmax
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
-# Query chunks of the chunked path hold at most this many (query, key) entries per chunk
-# (float32 scores, or the int64 ranks of a pattern): 2**20 = 4 MiB of float32, so that a
-# sentence-level batch (64 x 4 heads x 30 keys a query) is one chunk, whose weights are kept,
-# not recomputed (top-k, one self-attention sublayer, forward + backward, 64 x 30 tokens: 147.6
-# ms with 2**16-entry chunks, 143.1 with one chunk, softmax 132.3; at 8 x 120 tokens 97.4 / 80.3 /
-# 75.5). Longer inputs gather their keys (gathered_attention) and do not come here.
-SELECTION_CHUNK_ELEMENTS = 2**20
-# A score-free selection (a structured pattern) goes to the fused kernel as a boolean mask up
-# to this many (B x T x S) entries, a 512-token block; beyond, its selected keys are gathered
-# (gathered_attention). Measured on CPU, one thread, causal self-attention, 512-d, 4 heads,
-# forward + backward: window k=8 gathered 0.83x the masked kernel at 4 x 256 tokens, 1.45x at 2 x 512.
-PATTERN_MASK_ELEMENTS = 2**18
-# A selection that reads the scores (top-k, Top-k OOW) gathers its keys from this many keys on,
-# and runs softmax over all keys in chunks below (same setting: top-k 0.94x at 64 keys, 1.04x
-# at 128, 1.25x at 256, 1.54x at 512).
-SCORED_GATHER_FROM_KEYS = 128
-
-
 class SparseMultiheadAttention(MultiheadAttention):
     """fairseq-compatible multi-head attention running ``attn_fn`` from the registry.
 
@@ -138,7 +118,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         k = self._split_heads(self.k_proj(source))
         v = self._split_heads(self.v_proj(source))
         if incremental_state is None:
-            return k, v, _as_bool(key_padding_mask)
+            return k, v, as_bool(key_padding_mask)
 
         if saved is not None and "prev_key" in saved and not static_kv:
             k = torch.cat([saved["prev_key"], k], dim=2)
@@ -150,7 +130,7 @@ class SparseMultiheadAttention(MultiheadAttention):
             src_len=k.size(2),
             static_kv=static_kv,
         )
-        key_padding_mask = _as_bool(key_padding_mask)  # fairseq's helper returns floats
+        key_padding_mask = as_bool(key_padding_mask)  # fairseq's helper returns floats
         saved = saved if saved is not None else {}
         saved["prev_key"], saved["prev_value"] = k, v
         saved["prev_key_padding_mask"] = key_padding_mask
@@ -169,19 +149,19 @@ class SparseMultiheadAttention(MultiheadAttention):
         attn_mask: Optional[Tensor] = None,
         before_softmax: bool = False,
         need_head_weights: bool = False,
-        key_counts: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """query: (T, B, E); key/value: (S, B, E_kv). Returns (T, B, E) and weights.
 
         Weights are (B, T, S) averaged over heads, or (H, B, T, S) with
-        ``need_head_weights``, as in fairseq. ``key_counts`` (B, S): how many encodings each
-        key stands for (L0Drop's compressed memory, passed by its decoder); None: one each.
+        ``need_head_weights``, as in fairseq. ``key_padding_mask`` (B, S) may be L0Drop's counted
+        memory: how many encodings each key stands for, an integer tensor (``counted_padding``).
         """
         if before_softmax:
             raise NotImplementedError("before_softmax is not defined for sparse attention functions")
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, embed_dim = query.shape
 
+        key_padding_mask, key_counts = counted_padding(key_padding_mask)
         q = self._split_heads(self.q_proj(query))  # unscaled: the kernel of the fused path scales it
         k, v, key_padding_mask = self._keys_and_values(query, key, key_padding_mask, incremental_state, static_kv)
         ctx = AttentionContext(
@@ -203,9 +183,9 @@ class SparseMultiheadAttention(MultiheadAttention):
         # One query per call (incremental decoding) has no (T, S) matrix to save: the plain
         # function is as lean and, measured on CPU, faster than the fused kernel there.
         if self.spec.selection is not None and not need_weights and tgt_len > 1:
-            out, weights = self._selected_softmax(q, k, v, ctx, (attn_mask, key_padding_mask)), None
+            out, weights = selected_softmax(self, q, k, v, ctx, (attn_mask, key_padding_mask)), None
         else:
-            mask, bias = _combine_masks(attn_mask, key_padding_mask)
+            mask, bias = combine_masks(attn_mask, key_padding_mask)
             scores = torch.matmul(q * self.scaling, k.transpose(-1, -2)).float()  # (B, H, T, S)
             if bias is not None:
                 scores = scores + bias
@@ -220,101 +200,6 @@ class SparseMultiheadAttention(MultiheadAttention):
             return out, None
         weights = weights.transpose(0, 1)  # (H, B, T, S)
         return out, (weights if need_head_weights else weights.mean(dim=0))
-
-    def _selected_softmax(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext,
-                          masks: Tuple[Optional[Tensor], Optional[Tensor]]) -> Tensor:
-        """Softmax over the keys ``spec.selection`` leaves, without (B, H, T, S) float matrices.
-
-        q: (B, H, T, d_h), not yet scaled; k, v: (B, H, S, d_h). Returns (B, H, T, d_h).
-        ``masks``: fairseq's (attn_mask, key_padding_mask), of which ``mask`` and ``bias`` are made.
-        Selections that read scores, and patterns whose mask would exceed
-        PATTERN_MASK_ELEMENTS (long sequences), run chunk by chunk
-        (``SelectedSoftmaxInChunks``); the others become a boolean mask of
-        ``scaled_dot_product_attention`` (softmax: just the padding and causal mask).
-        """
-        is_pattern = self.spec.selection is not visible_keys
-        pattern_mask_entries = q.size(0) * q.size(2) * k.size(2)  # a score-free selection's (B, 1, T, S) mask
-        if self.spec.selection_reads_scores:
-            at_length = k.size(2) >= SCORED_GATHER_FROM_KEYS
-        else:
-            at_length = is_pattern and pattern_mask_entries > PATTERN_MASK_ELEMENTS
-        if at_length and ctx.key_counts is None:
-            gathered = self._gathered_softmax(q, k, v, ctx, masks)
-            if gathered is not None:
-                return gathered
-        attn_mask, key_padding_mask = masks
-        if (not is_pattern and key_padding_mask is None and attn_mask is not None and ctx.key_counts is None
-                and _is_future_mask(attn_mask, q.size(2), k.size(2))):
-            # softmax under fairseq's future mask alone: the kernel's is_causal, no (T, S) mask built
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=True, dropout_p=self._dropout_p(),
-                                                  scale=self.scaling)
-        mask, bias = _combine_masks(attn_mask, key_padding_mask)
-        if self.spec.selection_reads_scores or (is_pattern and pattern_mask_entries > PATTERN_MASK_ELEMENTS):
-            rows = self._query_chunks(q, k)
-            plan = ChunkPlan(
-                select=self.spec.selection, rows=rows,
-                # the chunks' masks are cut from fairseq's own masks, so that the backward pass keeps
-                # no (T, S) mask of its own alive
-                mask_rows=lambda r: _combine_masks(_attn_mask_rows(masks[0], r), masks[1])[0],
-                bias_rows=lambda r: _query_rows(bias, r),
-                context_rows=lambda r: ctx if len(rows) == 1 else _query_rows_of_context(ctx, r),
-                scale=self.scaling, dropout=self.dropout_module, dropout_p=self._dropout_p(),
-            )
-            return SelectedSoftmaxInChunks.apply(q, k, v, plan)
-        with torch.no_grad():  # shape and device only: the selection never reads the placeholder
-            placeholder = q.new_zeros(()).expand(q.size(0), 1, q.size(2), k.size(2))
-            hidden = self.spec.selection(placeholder, mask, ctx)
-        empty_rows = None
-        if hidden is not None:
-            empty_rows = hidden.all(dim=-1, keepdim=True)
-            if bool(empty_rows.any()):
-                # A query with no key left gets output 0 (the registry's contract): inside the
-                # kernel it attends to every key (no softmax of -inf only, so no NaN in either
-                # pass), and it is zeroed afterwards, which also zeroes its gradient.
-                hidden = hidden & ~empty_rows
-            else:
-                empty_rows = None  # the usual case: no extra pass over the output
-        additive = bias
-        if ctx.key_counts is not None:  # c identical keys: exp(s + log c) = c exp(s)
-            log_counts = ctx.key_counts.clamp(min=1).log()  # count-0 slots are hidden anyway
-            additive = log_counts if additive is None else additive + log_counts
-        if additive is not None:
-            attn_mask = additive.to(q.dtype)
-            if hidden is not None:
-                attn_mask = attn_mask.masked_fill(hidden, float("-inf"))
-        else:
-            attn_mask = None if hidden is None else ~hidden
-        causal = attn_mask is not None and _is_causal(attn_mask)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else attn_mask, is_causal=causal,
-                                             dropout_p=self._dropout_p(), scale=self.scaling)
-        return out if empty_rows is None else out.masked_fill(empty_rows, 0.0)
-
-    def _gathered_softmax(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext,
-                          masks: Tuple[Optional[Tensor], Optional[Tensor]]) -> Optional[Tensor]:
-        """The selection's keys gathered (``gathered_attention``), where the masks allow it:
-        none or fairseq's causal mask, beside padding. None: take the other paths."""
-        attn_mask, key_padding_mask = masks
-        causal = attn_mask is not None
-        if causal and not _is_future_mask(attn_mask, q.size(2), k.size(2)):
-            return None
-        plan = plan_gathered(
-            self.spec, q, k, ctx, causal,
-            mask_rows=lambda r: _combine_masks(_attn_mask_rows(attn_mask, r), key_padding_mask)[0],
-            context_rows=lambda r: _query_rows_of_context(ctx, r),
-            key_padding_mask=key_padding_mask, scale=self.scaling, dropout_p=self._dropout_p(),
-        )
-        return None if plan is None else GatheredSoftmax.apply(q, k, v, plan)
-
-    def _dropout_p(self) -> float:
-        dropout = self.dropout_module
-        return dropout.p if (dropout.training or dropout.apply_during_inference) else 0.0
-
-    def _query_chunks(self, q: Tensor, k: Tensor) -> List[slice]:
-        """Slices of the queries with at most SELECTION_CHUNK_ELEMENTS (B x H x S per query) entries each."""
-        bsz, heads, tgt_len, _ = q.shape
-        per_query = bsz * heads * k.size(2)
-        chunk = max(1, SELECTION_CHUNK_ELEMENTS // max(1, per_query))
-        return [slice(start, min(start + chunk, tgt_len)) for start in range(0, tgt_len, chunk)]
 
     def _positions(
         self, key_padding_mask: Optional[Tensor], num_keys: int, tgt_len: int, incremental_state: Optional[IncrementalState]
@@ -345,29 +230,6 @@ class SparseMultiheadAttention(MultiheadAttention):
         return query_positions, key_positions
 
 
-def _is_causal(allowed: Tensor) -> bool:
-    """True if a boolean mask of allowed keys is exactly the causal mask of a full pass,
-    (1, 1, T, T) lower-triangular: the kernel then needs no mask (and no copy of one)."""
-    if allowed.dtype != torch.bool or allowed.dim() != 4 or allowed.shape[:2] != (1, 1) or allowed.size(-1) != allowed.size(-2):
-        return False
-    return bool(torch.equal(allowed, torch.ones_like(allowed).tril_()))
-
-
-def _is_future_mask(attn_mask: Tensor, num_queries: int, num_keys: int, rows_at_once: int = 256) -> bool:
-    """True if fairseq's (T, S) attention mask hides exactly the keys after each query (T == S) and
-    adds nothing to the others; checked a few rows at a time (no (T, S) temporaries at length)."""
-    if attn_mask.dim() != 2 or num_queries != num_keys or attn_mask.shape != (num_queries, num_keys):
-        return False
-    keys = torch.arange(num_keys, device=attn_mask.device)
-    for start in range(0, num_queries, rows_at_once):
-        rows = attn_mask[start:start + rows_at_once]
-        future = keys > torch.arange(start, start + rows.size(0), device=attn_mask.device)[:, None]
-        hidden = rows if rows.dtype == torch.bool else rows <= -1e4
-        if not torch.equal(hidden, future) or (rows.dtype != torch.bool and bool(rows.masked_fill(future, 0).ne(0).any())):
-            return False
-    return True
-
-
 def _moves_within_sentences(new_order: Tensor, rows: Optional[int], beam_size: int) -> bool:
     """True if ``new_order`` keeps the number of rows and sends each row to a row of its own
     sentence (rows are sentences x ``beam_size`` hypotheses).
@@ -382,52 +244,3 @@ def _moves_within_sentences(new_order: Tensor, rows: Optional[int], beam_size: i
         return True
     own = torch.arange(rows, device=new_order.device) // beam_size
     return bool(torch.equal(new_order // beam_size, own))
-
-
-def _attn_mask_rows(attn_mask: Optional[Tensor], rows: slice) -> Optional[Tensor]:
-    """Rows ``rows`` of fairseq's (T, S) attention mask."""
-    return None if attn_mask is None else attn_mask[rows]
-
-
-def _query_rows(x: Optional[Tensor], rows: slice) -> Optional[Tensor]:
-    """Rows ``rows`` of a mask or bias broadcastable to (B, H, T, S) (unchanged where T is broadcast)."""
-    return x if x is None or x.size(-2) == 1 else x[..., rows, :]
-
-
-def _query_rows_of_context(ctx: AttentionContext, rows: slice) -> AttentionContext:
-    """``ctx`` for queries ``rows`` only: query positions are (B|1, 1, T)."""
-    if ctx.query_positions is None:
-        return ctx
-    return dataclasses.replace(ctx, query_positions=ctx.query_positions[..., rows])
-
-
-def _as_bool(mask: Optional[Tensor]) -> Optional[Tensor]:
-    if mask is None or mask.dim() == 0:
-        return None
-    return mask if mask.dtype == torch.bool else mask != 0
-
-
-def _combine_masks(
-    attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor]
-) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """Turn fairseq's masks into one boolean mask (True = hidden) and an optional score bias.
-
-    attn_mask: (T, S), bool or additive float (fairseq's causal mask is -inf above
-        the diagonal; the encoder layer uses -1e8). Entries <= -1e4 hide the key;
-        any other non-zero float entries are kept as an additive bias.
-    key_padding_mask: (B, S) bool, True at padding.
-    Returns a mask broadcastable to (B, H, T, S) and a bias of shape (1, 1, T, S) or None.
-    """
-    mask, bias = None, None
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            mask = attn_mask
-        else:
-            mask = attn_mask <= -1e4
-            if bool(((attn_mask != 0) & ~mask).any()):  # (fairseq's masks have none: no float copy then)
-                bias = attn_mask.float().masked_fill(mask, 0.0)[None, None]
-        mask = mask[None, None]
-    if key_padding_mask is not None:
-        padding = key_padding_mask[:, None, None, :]
-        mask = padding if mask is None else mask | padding
-    return mask, bias

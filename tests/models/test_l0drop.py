@@ -10,6 +10,7 @@ from fairseq_sparse.criterions.l0drop import L0DropCriterion, MissingGatesError,
 from fairseq_sparse.modules.l0drop import (
     HardConcreteGate,
     compress_memory,
+    counted_padding,
     expected_gate,
     probability_open,
     sample_gate,
@@ -82,9 +83,10 @@ def test_compressed_memory_layout():
     x = torch.arange(1, 13, dtype=torch.float).view(4, 3, 1).expand(4, 3, 2).contiguous()  # (T=4, B=3, C=2)
     gates = torch.tensor([[1.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
     padding = torch.tensor([[False] * 4, [True, True, False, False], [True, False, False, False]])
-    memory, mask, counts = compress_memory(x, gates, padding)
+    memory, counts = compress_memory(x, gates, padding)
     assert counts.tolist() == [[2, 1, 1, 0], [2, 0, 0, 0], [0, 1, 1, 1]]
-    assert torch.equal(mask, counts == 0)
+    assert counted_padding(counts)[0].tolist() == (counts == 0).tolist()
+    assert counted_padding(padding) == (padding, None)
     assert memory[:, 0, 0].tolist() == [0, 1, 7, 0]  # zero slot, then tokens 0 and 2 of sentence 0
     assert memory[:, 2, 0].tolist() == [0, 6, 9, 12]
 
@@ -146,15 +148,12 @@ def test_key_counts_are_an_argument_of_each_call_not_module_state():
         memory = model.encoder(tokens, src_lengths=lengths)
         counted, _ = model.decoder.extract_features(batch["prev_output_tokens"], memory)
         assert (counted - plain).abs().max() <= 1e-5
-        for layer in model.decoder.layers:
-            assert not layer.encoder_attn._forward_pre_hooks and not hasattr(layer.encoder_attn, "key_counts")
         x = torch.randn(6, 3, model.decoder.embed_dim)
-        slots = memory["encoder_out"][0]
-        once = layer.encoder_attn(x, slots, slots, key_padding_mask=memory["encoder_padding_mask"][0], static_kv=True)[0]
-        counts = memory["encoder_key_counts"][0]
-        weighted = layer.encoder_attn(x, slots, slots, key_padding_mask=memory["encoder_padding_mask"][0], static_kv=True,
-                                      key_counts=counts)[0]
-        assert (counts > 1).any() and not torch.allclose(once, weighted)
+        slots, counts = memory["encoder_out"][0], memory["encoder_padding_mask"][0]
+        layer = model.decoder.layers[-1]
+        once = layer.encoder_attn(x, slots, slots, key_padding_mask=counts.eq(0), static_kv=True)[0]
+        weighted = layer.encoder_attn(x, slots, slots, key_padding_mask=counts, static_kv=True)[0]
+        assert counts.dtype == torch.long and (counts > 1).any() and not torch.allclose(once, weighted)
 
 
 def test_functions_without_key_counts_decode_uncompressed(caplog):
@@ -172,6 +171,21 @@ def test_every_layer_gates_add_their_penalties():
     # two gates (after layer 1 and on the output), each nearly open: about 2 expected open gates per token
     per_token = extra["l0drop_expected_l0"][real]
     assert ((per_token > 1.9) & (per_token <= 2.0)).all()
+
+
+@pytest.mark.parametrize("checkpoint_activations", [False, True])
+def test_every_layer_penalty_reaches_the_inner_gate(checkpoint_activations):
+    """The inner gate's expected L0 leaves its layer as the layer's second output (no hook), so its
+    gradient flows also when fairseq recomputes the layer (activation checkpointing)."""
+    model = build_model(l0drop=True, l0drop_every_layer=True, checkpoint_activations=checkpoint_activations).train()
+    batch = random_batch(lengths=[7, 5], tgt_lengths=[6, 4])
+    encoded = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])
+    assert encoded["encoder_states"] == [] and encoded["fc_results"] == []  # not asked for
+    encoded["l0drop_expected_l0"][0].sum().backward()
+    inner = model.encoder.layers[0].l0drop_gate.log_alpha.weight.grad
+    assert inner is not None and inner.abs().sum() > 0
+    with_states = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"], return_all_hiddens=True)
+    assert len(with_states["encoder_states"]) == len(model.encoder.layers) + 1
 
 
 def criterion(l0_lambda=0.5, warmup=0, label_smoothing=0.1, normalization="sentence"):
@@ -257,7 +271,7 @@ def test_mask_pruned_hides_pruned_encodings_in_training_only():
         masked.encoder.compress = True
         compressed = masked.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])
         closed = encoded["l0drop_closed"][0]
-        assert compressed["encoder_key_counts"][0][:, 0].tolist() == closed.sum(dim=1).tolist()
+        assert compressed["encoder_padding_mask"][0][:, 0].tolist() == closed.sum(dim=1).tolist()
         masked.train()
         torch.manual_seed(0)
         trained = masked.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])

@@ -13,7 +13,7 @@ import torch
 
 from attention_cases import CASES, NAMES
 from fairseq_sparse.attention import AttentionContext, get_attention
-from fairseq_sparse.modules import sparse_multihead_attention
+from fairseq_sparse.modules import attention_masks, fused_softmax
 from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
 from helpers import build_model, random_batch
 
@@ -96,8 +96,8 @@ def test_query_chunks_give_the_unchunked_result(name, monkeypatch):
     padding[1, :3] = True
     expected, _ = plain(x, x, x, key_padding_mask=padding, attn_mask=causal_mask(11), need_weights=False)
     # one query a chunk (2 x 4 x 11 entries each)
-    monkeypatch.setattr(sparse_multihead_attention, "SELECTION_CHUNK_ELEMENTS", 2 * 11 * 3)
-    monkeypatch.setattr(sparse_multihead_attention, "PATTERN_MASK_ELEMENTS", 0)  # patterns chunked too
+    monkeypatch.setattr(fused_softmax, "SELECTION_CHUNK_ELEMENTS", 2 * 11 * 3)
+    monkeypatch.setattr(fused_softmax, "PATTERN_MASK_ELEMENTS", 0)  # patterns chunked too
     out, _ = fused(x, x, x, key_padding_mask=padding, attn_mask=causal_mask(11), need_weights=False)
     assert (out - expected).abs().max() <= 1e-5
 
@@ -108,12 +108,10 @@ def test_key_counts_on_the_fused_path(name):
     fused, plain = module_pair(name, encoder_decoder_attention=True, kdim=16, vdim=16)
     query, memory = torch.randn(3, 2, 16), torch.randn(5, 2, 16)
     memory[0] = 0.0  # the zero slot standing for pruned encodings
-    counts = torch.tensor([[3.0, 1, 1, 1, 0], [0.0, 1, 1, 1, 1]])
-    padding = counts == 0
+    counts = torch.tensor([[3, 1, 1, 1, 0], [0, 1, 1, 1, 1]])  # a counted padding mask
     outputs = []
     for module in (fused, plain):
-        outputs.append(module(query, memory, memory, key_padding_mask=padding, need_weights=False, static_kv=True,
-                              key_counts=counts)[0])
+        outputs.append(module(query, memory, memory, key_padding_mask=counts, need_weights=False, static_kv=True)[0])
     assert (outputs[0] - outputs[1]).abs().max() <= 1e-5
 
 
@@ -159,7 +157,7 @@ def test_weights_requested_take_the_function_path():
 
 def test_context_positions_are_cut_to_the_chunk():
     ctx = AttentionContext(query_positions=torch.arange(6).view(1, 1, 6), key_positions=torch.arange(6).view(1, 1, 6))
-    part = sparse_multihead_attention._query_rows_of_context(ctx, slice(2, 4))
+    part = attention_masks.query_rows_of_context(ctx, slice(2, 4))
     assert part.query_positions.tolist() == [[[2, 3]]] and torch.equal(part.key_positions, ctx.key_positions)
 
 
@@ -183,11 +181,11 @@ def test_chunked_selection_reproduces_attention_dropout_and_its_gradients(name):
 
 def test_softmax_never_takes_the_chunked_or_gathered_path(monkeypatch):
     """softmax's selection is the mask itself: always the fused kernel, at any length."""
-    monkeypatch.setattr(sparse_multihead_attention, "PATTERN_MASK_ELEMENTS", 0)
-    monkeypatch.setattr(sparse_multihead_attention, "SELECTION_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(fused_softmax, "PATTERN_MASK_ELEMENTS", 0)
+    monkeypatch.setattr(fused_softmax, "SELECTION_CHUNK_ELEMENTS", 1)
     calls = []
     for name in ("SelectedSoftmaxInChunks", "GatheredSoftmax"):
-        function = getattr(sparse_multihead_attention, name)
+        function = getattr(fused_softmax, name)
         monkeypatch.setattr(function, "apply", lambda *a, original=function.apply: calls.append(1) or original(*a))
     x = torch.randn(6, 2, 16)
     SparseMultiheadAttention(16, 4, attn_fn="softmax", self_attention=True)(x, x, x, need_weights=False)
@@ -200,8 +198,8 @@ def test_a_plain_causal_mask_goes_to_the_kernel_as_is_causal(monkeypatch):
     """fairseq's float future mask without padding: the kernel's is_causal, same outputs and gradients."""
     fused, plain = module_pair("softmax", self_attention=True)
     seen = []
-    original = sparse_multihead_attention.F.scaled_dot_product_attention
-    monkeypatch.setattr(sparse_multihead_attention.F, "scaled_dot_product_attention",
+    original = fused_softmax.F.scaled_dot_product_attention
+    monkeypatch.setattr(fused_softmax.F, "scaled_dot_product_attention",
                         lambda *a, **kw: seen.append((kw["attn_mask"], kw["is_causal"])) or original(*a, **kw))
     x = torch.randn(7, 2, 16)
     results = []

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attention_cases import CASES
-from fairseq_sparse.modules import gathered_attention, sparse_multihead_attention
+from fairseq_sparse.modules import attention_masks, fused_softmax, gathered_attention, sparse_multihead_attention
 from test_fused_attention import (FUSED, assert_incremental_decoding_equals_the_full_pass,
                                   assert_training_pass_equals_the_function_path, causal_mask, module_pair, unfused)
 
@@ -24,12 +24,12 @@ GRID = [(name, sublayer) for name in GATHERED for sublayer in SUBLAYERS if not (
 @pytest.fixture
 def gathered(monkeypatch):
     """Send every length to the gathered path, in chunks of a few queries; count its calls."""
-    monkeypatch.setattr(sparse_multihead_attention, "SCORED_GATHER_FROM_KEYS", 1)
-    monkeypatch.setattr(sparse_multihead_attention, "PATTERN_MASK_ELEMENTS", 0)
+    monkeypatch.setattr(fused_softmax, "SCORED_GATHER_FROM_KEYS", 1)
+    monkeypatch.setattr(fused_softmax, "PATTERN_MASK_ELEMENTS", 0)
     monkeypatch.setattr(gathered_attention, "GATHER_CHUNK_ELEMENTS", 300)
     calls = []
     original = gathered_attention.GatheredSoftmax.apply
-    monkeypatch.setattr(sparse_multihead_attention.GatheredSoftmax, "apply", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(fused_softmax.GatheredSoftmax, "apply", lambda *a: calls.append(1) or original(*a))
     return calls
 
 
@@ -182,7 +182,7 @@ def test_a_mask_other_than_the_future_mask_takes_the_other_paths(gathered):
 
 
 def test_future_mask_detection():
-    is_future = sparse_multihead_attention._is_future_mask
+    is_future = attention_masks.is_future_mask
     assert is_future(causal_mask(600), 600, 600)  # checked over several row blocks
     assert is_future(torch.ones(5, 5, dtype=torch.bool).triu(1), 5, 5)
     assert not is_future(causal_mask(5), 5, 6) and not is_future(torch.zeros(5, 5), 5, 5)

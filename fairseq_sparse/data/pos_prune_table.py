@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Build the word-type table of the L0Drop POS pruning pattern (``--encoder-prune-pos-table``).
 
 Tags Moses-tokenised (pre-BPE) source text with the offline HanTa tagger and lists
@@ -11,14 +10,16 @@ Tagging is per sentence but the table is per type (the majority tag): a word tha
 is mostly a preposition is pruned everywhere. That is the approximation that lets
 the pattern work from token ids alone.
 
-    python scripts/build_pos_prune_table.py data/bible.de-en/train.tok.de --lang de --out pos-table.de
+    python -m fairseq_sparse.data.pos_prune_table data/bible.de-en/train.tok.de --lang de --out pos-table.de
 """
 
 import argparse
 import collections
 import sys
 from pathlib import Path
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, Iterator, List
+
+from ..experiments.completion import write_atomically
 
 # Tags (or tag prefixes before "(") whose words the POS pattern prunes.
 PRUNABLE_TAGS = {
@@ -55,6 +56,17 @@ def prunable_words(tags: Dict[str, str], lang: str) -> List[str]:
     return sorted(word for word, tag in tags.items() if tag in PRUNABLE_TAGS[lang])
 
 
+def tokenised_sentences(path: str, limit: int) -> Iterator[List[str]]:
+    """The first ``limit`` lines of a UTF-8 file, split into words; undecodable bytes are an error
+    naming the line, never replaced."""
+    with open(path, "rb") as lines:
+        for number, line in zip(range(1, limit + 1), lines):
+            try:
+                yield line.decode("utf-8").split()
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not UTF-8 ({error.reason} at byte {error.start})") from None
+
+
 def main(argv=None) -> List[str]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("text", help="tokenised source text, one sentence a line, before BPE")
@@ -63,11 +75,12 @@ def main(argv=None) -> List[str]:
     parser.add_argument("--max-sentences", type=int, default=200_000, help="tag at most this many sentences")
     args = parser.parse_args(argv)
     if not Path(args.text).is_file():
-        sys.exit(f"build_pos_prune_table: error: no such file: {args.text}")
-    with open(args.text, encoding="utf-8") as lines:
-        sentences = (line.split() for _, line in zip(range(args.max_sentences), lines))
-        words = prunable_words(majority_tags(sentences, args.lang), args.lang)
-    Path(args.out).write_text("\n".join(words) + "\n", encoding="utf-8")
+        sys.exit(f"pos_prune_table: error: no such file: {args.text}")
+    try:
+        words = prunable_words(majority_tags(tokenised_sentences(args.text, args.max_sentences), args.lang), args.lang)
+    except ValueError as error:
+        sys.exit(f"pos_prune_table: error: {error}")
+    write_atomically(Path(args.out), "\n".join(words) + "\n")
     print(f"{len(words)} prunable word types written to {args.out}")
     return words
 

@@ -1,5 +1,5 @@
-from . import functions  # noqa: F401  (registers the functions)
-from . import structured  # noqa: F401  (registers the structured patterns and Top-k OOW)
+# importing a method's module registers its functions
+from . import entmax_family, functions, hard_retrieval, rela, structured  # noqa: F401
 from .functions import register_selection  # noqa: F401
 from .registry import (  # noqa: F401
     DEFAULT_K,

@@ -7,7 +7,7 @@ from entmax import entmax15, sparsemax
 
 from attention_cases import CASES, NAMES
 from fairseq_sparse.attention import AttentionContext, attention_names, check_k, get_attention
-from fairseq_sparse.attention.functions import LearnedAlpha
+from fairseq_sparse.attention.entmax_family import LearnedAlpha
 
 B, H, T, S, D = 2, 3, 5, 7, 4
 

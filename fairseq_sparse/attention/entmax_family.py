@@ -1,0 +1,57 @@
+"""sparsemax, 1.5-entmax and learned alpha-entmax (Correia et al., 2019), from the ``entmax`` package."""
+
+from typing import Optional
+
+import torch
+from entmax import entmax15, entmax_bisect, sparsemax
+from torch import Tensor, nn
+
+from .functions import attend
+from .registry import AttentionOutput, register_attention
+
+
+def _entmax_family(mapping, scores: Tensor, mask: Optional[Tensor], **kwargs) -> Tensor:
+    """Apply an entmax-package mapping with masking.
+
+    The package crashes on an all -inf row (entmax issue 19): such rows are
+    mapped from zeros and zeroed afterwards.
+    """
+    if mask is None:
+        return mapping(scores, dim=-1, **kwargs)
+    empty_rows = mask.all(dim=-1, keepdim=True)
+    z = scores.masked_fill(mask, float("-inf")).masked_fill(empty_rows, 0.0)
+    return mapping(z, dim=-1, **kwargs).masked_fill(mask, 0.0)
+
+
+@register_attention("sparsemax")
+def sparsemax_attention(scores, values, mask, ctx) -> AttentionOutput:
+    """Sparsemax attention (Martins & Astudillo, 2016), from the entmax package."""
+    weights = _entmax_family(sparsemax, scores, mask)
+    return attend(weights, values, ctx), weights
+
+
+@register_attention("entmax15")
+def entmax15_attention(scores, values, mask, ctx) -> AttentionOutput:
+    """1.5-entmax attention (Peters et al., 2019), from the entmax package."""
+    weights = _entmax_family(entmax15, scores, mask)
+    return attend(weights, values, ctx), weights
+
+
+class LearnedAlpha(nn.Module):
+    """One entmax alpha per head: alpha = 1 + sigmoid(p), clamped to [1.01, 2] (Correia et al., 2019)."""
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.pre_alpha = nn.Parameter(torch.zeros(num_heads))  # alpha starts at 1.5
+
+    def alpha(self) -> Tensor:
+        return (1.0 + torch.sigmoid(self.pre_alpha.float())).clamp(1.01, 2.0)
+
+
+@register_attention("entmax_alpha", build_head_params=LearnedAlpha)
+def entmax_alpha_attention(scores, values, mask, ctx) -> AttentionOutput:
+    """alpha-entmax attention with a learned alpha per head (entmax_bisect; Correia et al., 2019)."""
+    # Expanding here (not inside entmax_bisect) lets autograd sum alpha's gradient over rows.
+    alpha = ctx.head_params.alpha().view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    weights = _entmax_family(entmax_bisect, scores, mask, alpha=alpha)
+    return attend(weights, values, ctx), weights

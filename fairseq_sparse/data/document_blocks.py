@@ -43,7 +43,9 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from fairseq_sparse.data.text import write_lines
 
 logger = logging.getLogger("data_prep.document_blocks")
 
@@ -187,12 +189,6 @@ def read_block_map(path: Path) -> List[Block]:
     return [Block(int(r["document"]), int(r["first_sentence"]), int(r["num_sentences"])) for r in rows]
 
 
-def _write_lines(path: Path, lines: Iterable[str]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(line + "\n")
-
-
 def block_split(args: argparse.Namespace, split: str) -> Dict[str, int]:
     """Block one split; returns its numbers of documents, sentences and blocks."""
     src_dir, out = Path(args.input), Path(args.out)
@@ -212,13 +208,13 @@ def block_split(args: argparse.Namespace, split: str) -> Dict[str, int]:
     if len(ids) != len(docs[args.src_lang]):
         ids = [str(d) for d in range(len(docs[args.src_lang]))]
     out.mkdir(parents=True, exist_ok=True)
-    _write_lines(out / f"{split}.{args.src_lang}", src_lines)
-    _write_lines(out / f"{split}.{args.tgt_lang}", tgt_lines)
+    write_lines(out / f"{split}.{args.src_lang}", src_lines)
+    write_lines(out / f"{split}.{args.tgt_lang}", tgt_lines)
     write_block_map(out / f"{split}.blocks.tsv", blocks, ids)
     for lang in (args.src_lang, args.tgt_lang):
         raw = src_dir / f"{split}.{args.prefix}.raw.{lang}"
         if raw.is_file():
-            _write_lines(out / f"{split}.raw.{lang}", (" ".join(d) for d in read_documents(raw, sentcount)))
+            write_lines(out / f"{split}.raw.{lang}", (" ".join(d) for d in read_documents(raw, sentcount)))
     return {"documents": len(docs[args.src_lang]), "sentences": sum(map(len, docs[args.src_lang])), "blocks": len(blocks)}
 
 

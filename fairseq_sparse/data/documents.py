@@ -87,349 +87,36 @@ Examples::
 """
 
 import argparse
-import gzip
-import itertools
 import logging
-import re
 import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
-from fairseq_sparse.data import common
-from fairseq_sparse.data import document_blocks
-from fairseq_sparse.data.common import Job, PrepError
+from fairseq_sparse.data import cli, document_blocks
+from fairseq_sparse.data.binarise import binarize, dictionary_size, find_tool
+from fairseq_sparse.data.document_corpora import CORPORA, SRC, TGT, Corpus, download_urls, read_split, resolve
+from fairseq_sparse.data.document_readers import Doc
+from fairseq_sparse.data.download import download
+from fairseq_sparse.data.errors import PrepError
+from fairseq_sparse.data.moses import process_lines
+from fairseq_sparse.data.raw import check_encoding
+from fairseq_sparse.data.subwords import apply_bpe, learn_bpe
+from fairseq_sparse.data.text import SPLITS, read_lines, write_lines
 
 logger = logging.getLogger("fairseq_sparse.data")
 
-SRC, TGT = "en", "de"
-SPLITS = common.SPLITS
 DEFAULT_MERGES = 30000
-
-# --------------------------------------------------------------------------- raw formats
-
-MARUF_SPLITS = {"train": "train", "valid": "dev", "test": "test"}
-
-
-def maruf_name(split: str, lang: str) -> str:
-    return f"concatenated_en2de_{MARUF_SPLITS[split]}_{lang}.txt"
-
-
-@dataclass
-class Doc:
-    """One parallel document: its identifier and its aligned sentences."""
-
-    id: str
-    src: List[str] = field(default_factory=list)
-    tgt: List[str] = field(default_factory=list)
-
-
-def clean(text: str) -> str:
-    """XML entities decoded, white space normalised (``\\r``, and the line separators
-    U+2028, U+0085 ... that would break the one-sentence-a-line files, become spaces)."""
-    return " ".join(common.unescape(text).split())
-
-
-class _DocBuilder:
-    """Collects sentence pairs into documents; drops pairs with an empty side."""
-
-    def __init__(self):
-        self.docs: List[Doc] = []
-        self.dropped = 0
-
-    def start(self, doc_id: Optional[str] = None) -> None:
-        if not self.docs or self.docs[-1].src:
-            self.docs.append(Doc(doc_id or ""))
-        elif doc_id:
-            self.docs[-1].id = doc_id
-
-    def add(self, a: str, b: str) -> None:
-        a, b = clean(a), clean(b)
-        if not a or not b:
-            self.dropped += 1
-            return
-        if not self.docs:
-            self.docs.append(Doc(""))
-        self.docs[-1].src.append(a)
-        self.docs[-1].tgt.append(b)
-
-    def result(self) -> List[Doc]:
-        return [d for d in self.docs if d.src]
-
-
-def _open(path: Path, encoding: str) -> Iterator[str]:
-    """Lines end at ``\n`` only (a stray ``\r`` inside a line must not split it, as in the
-    line-based tools of G-Transformer's recipe); ``.gz`` allowed; decoded strictly."""
-    return common.raw_lines(path, encoding, newline="\n")
-
-
-def _line_pairs(src: Path, tgt: Path, encoding: str) -> Iterator[Tuple[int, str, str]]:
-    for n, (a, b) in enumerate(itertools.zip_longest(_open(src, encoding), _open(tgt, encoding)), 1):
-        if a is None or b is None:
-            raise PrepError(f"{src.name} and {tgt.name} have different numbers of lines")
-        yield n, a, b
-
-
-def read_maruf(src: Path, tgt: Path, encoding: str = "utf-8") -> Tuple[List[Doc], int]:
-    """Maruf et al.'s files: a ``<d>`` line starts each document."""
-    docs = _DocBuilder()
-    for n, a, b in _line_pairs(src, tgt, encoding):
-        da, db = a.strip() == "<d>", b.strip() == "<d>"
-        if da != db:
-            raise PrepError(f"{src.name} / {tgt.name} line {n}: a document boundary (<d>) on one side only")
-        if da:
-            docs.start()
-        else:
-            docs.add(a, b)
-    return docs.result(), docs.dropped
-
-
-# the metadata lines of train.tags.* (fairseq's IWSLT recipes drop the same ones)
-_METADATA = re.compile(r"^\s*</?(url|keywords|speaker|talkid|title|description|reviewer|translator|doc|"
-                       r"transcript|head|mteval|srcset|refset)\b[^>]*>", re.IGNORECASE)
-_TALKID = re.compile(r"<talkid>\s*(\S+?)\s*</talkid>")
-
-
-def read_tags(src: Path, tgt: Path, encoding: str = "utf-8") -> Tuple[List[Doc], int]:
-    """IWSLT ``train.tags.*``: each run of metadata lines starts a talk."""
-    docs = _DocBuilder()
-    in_metadata = False
-    for n, a, b in _line_pairs(src, tgt, encoding):
-        ma, mb = bool(_METADATA.match(a)), bool(_METADATA.match(b))
-        if ma != mb:
-            raise PrepError(f"{src.name} / {tgt.name} line {n}: a metadata line on one side only")
-        if ma:
-            if not in_metadata:
-                docs.start()
-                in_metadata = True
-            talk = _TALKID.search(a)
-            if talk:
-                docs.start(talk.group(1))
-        else:
-            in_metadata = False
-            docs.add(a, b)
-    return docs.result(), docs.dropped
-
-
-_DOC = re.compile(r"<doc\b[^>]*?\bdocid\s*=\s*\"([^\"]*)\"", re.IGNORECASE)
-_SEG = re.compile(r"<seg\b[^>]*>(.*)</seg>", re.IGNORECASE)
-
-
-def _xml_documents(path: Path, encoding: str) -> List[Tuple[str, List[str]]]:
-    docs: List[Tuple[str, List[str]]] = []
-    for line in _open(path, encoding):
-        m = _DOC.search(line)
-        if m:
-            docs.append((m.group(1), []))
-        m = _SEG.search(line)
-        if m:
-            if not docs:
-                docs.append(("", []))
-            docs[-1][1].append(m.group(1))
-    return docs
-
-
-def read_xml(src: Path, tgt: Path, encoding: str = "utf-8") -> Tuple[List[Doc], int]:
-    """IWSLT XML: ``<doc docid=...>`` with ``<seg>`` sentences; sides paired by docid."""
-    a_docs, b_docs = _xml_documents(src, encoding), _xml_documents(tgt, encoding)
-    b_by_id = dict(b_docs)
-    if len(a_docs) != len(b_docs):
-        raise PrepError(f"{src.name} has {len(a_docs)} documents, {tgt.name} {len(b_docs)}")
-    if len(b_by_id) != len(b_docs) or not all(i for i, _ in a_docs):
-        b_by_id = {}  # no usable document ids: pair in order
-    docs = _DocBuilder()
-    for k, (doc_id, a_segs) in enumerate(a_docs):
-        b_segs = b_by_id.get(doc_id) if b_by_id else b_docs[k][1]
-        if b_segs is None:
-            raise PrepError(f"document {doc_id} of {src.name} is not in {tgt.name}")
-        if len(a_segs) != len(b_segs):
-            raise PrepError(f"document {doc_id} has {len(a_segs)} segments in {src.name} "
-                            f"but {len(b_segs)} in {tgt.name}")
-        docs.start(doc_id or None)
-        for a, b in zip(a_segs, b_segs):
-            docs.add(a, b)
-    return docs.result(), docs.dropped
-
-
-def reader_for(name: str) -> Callable[[Path, Path, str], Tuple[List[Doc], int]]:
-    if name.endswith(".xml"):
-        return read_xml
-    if name.startswith("train.tags."):
-        return read_tags
-    return read_maruf
-
-
-# --------------------------------------------------------------------------- corpora
-
-@dataclass(frozen=True)
-class Source:
-    """One raw format of a corpus: per split, the (source, target) files to concatenate.
-
-    A name may list alternatives separated by ``|`` (the first found is used)."""
-
-    label: str
-    files: Dict[str, List[Tuple[str, str]]]
-    maruf: bool = False  # names shared by the TED and News files: look in the corpus' directory
-
-    def names(self) -> List[str]:
-        return list(dict.fromkeys(n for pairs in self.files.values() for pair in pairs for n in pair))
-
-
-MARUF = Source("Maruf et al. (2019)'s document-level release",
-               {s: [(maruf_name(s, SRC), maruf_name(s, TGT))] for s in SPLITS}, maruf=True)
-
-TED_DEV = ("dev2010", "tst2010", "tst2011", "tst2012", "tst2013", "tst2014", "tst2015")
-TED_TEST = ("tst2016", "tst2017")
-
-
-def _ted_test(tst: str, lang: str) -> str:
-    # the en-de test archive holds the English talks, the de-en one the German side
-    return "|".join(f"IWSLT17.TED.{tst}.{pair}.{lang}.xml" for pair in ("en-de", "de-en"))
-
-
-IWSLT17 = Source("the official IWSLT17 release (2017-01-trnted en-de.tgz; 2017-01-ted-test en-de.tgz, de-en.tgz)", {
-    "train": [(f"train.tags.en-de.{SRC}", f"train.tags.en-de.{TGT}")],
-    "valid": [(f"IWSLT17.TED.{s}.en-de.{SRC}.xml", f"IWSLT17.TED.{s}.en-de.{TGT}.xml") for s in TED_DEV],
-    "test": [(_ted_test(s, SRC), _ted_test(s, TGT)) for s in TED_TEST],
-})
-
-HF_URL = "https://huggingface.co/datasets/gshbao/DocNMT/resolve/main/{dir}/{name}"
-GITHUB_URL = "https://raw.githubusercontent.com/sameenmaruf/selective-attn/master/data/{dir}/{name}"
-
-
-@dataclass(frozen=True)
-class Corpus:
-    key: str
-    name: str
-    dirs: Tuple[str, ...]          # sub-directories that hold its Maruf-format files
-    hf_dir: str                    # G-Transformer's copy (Hugging Face gshbao/DocNMT)
-    github_dir: str                # Maruf's repository
-    github_splits: Tuple[str, ...]  # splits whose files are in Maruf's repository
-    sources: Tuple[Source, ...]
-
-
-CORPORA = {
-    "ted": Corpus("ted", "ted17.doc.en-de", ("iwslt17", "IWSLT2017", "iwslt2017", "ted"), "iwslt17",
-                  "IWSLT2017", SPLITS, (MARUF, IWSLT17)),
-    "news": Corpus("news", "nc11.doc.en-de", ("nc2016", "NC-2016", "nc-2016", "nc11", "news"), "nc2016",
-                   "NC-2016", ("valid", "test"), (MARUF,)),
-}
-# directories of the other document-level corpora in Maruf's / G-Transformer's layout
-_ALL_DIRS = {d.lower() for c in CORPORA.values() for d in c.dirs} | {"europarl7"}
-
-
-def download_urls(corpus: Corpus) -> List[str]:
-    urls = []
-    for split in SPLITS:
-        for lang in (SRC, TGT):
-            name = maruf_name(split, lang)
-            alts = [HF_URL.format(dir=corpus.hf_dir, name=name)]
-            if split in corpus.github_splits:
-                alts.append(GITHUB_URL.format(dir=corpus.github_dir, name=name))
-            urls.append("|".join(alts))
-    return urls
-
-
-def find_maruf(raw_dir: Path, name: str, corpus: Corpus) -> Optional[Path]:
-    """``name`` in ``raw_dir``, in one of the corpus' directories, else anywhere below
-    ``raw_dir`` but not in a directory of another corpus (the names are shared)."""
-    for d in ("",) + corpus.dirs:
-        path = raw_dir / d / name
-        if path.is_file():
-            return path
-    own = {d.lower() for d in corpus.dirs}
-    foreign = _ALL_DIRS - own
-    hits = []
-    for path in sorted(raw_dir.rglob(name)):
-        parts = {p.lower() for p in path.relative_to(raw_dir).parts[:-1]}
-        if path.is_file() and not parts & foreign:
-            hits.append((not parts & own, path))  # the corpus' own directories first
-    return min(hits)[1] if hits else None
-
-
-def _locate(source: Source, raw_dir: Path, corpus: Corpus) -> Tuple[Dict[str, Path], List[str]]:
-    found, missing = {}, []
-    for name in source.names():
-        if source.maruf:
-            path = find_maruf(raw_dir, name, corpus)
-        else:
-            path = common.find_raw(raw_dir, name)
-        if path is None:
-            alts = name.split("|")
-            missing.append(alts[0] + (f"  (or: {', '.join(alts[1:])})" if len(alts) > 1 else ""))
-        else:
-            found[name] = path
-    return found, missing
-
-
-def resolve(corpus: Corpus, raw_dir: Path) -> Tuple[Source, Dict[str, Path]]:
-    """The first raw format whose files are all there; else one PrepError naming every
-    missing file of the format most of whose files were found."""
-    if not raw_dir.is_dir():
-        raise PrepError(f"raw data directory {raw_dir} does not exist "
-                        f"(give --raw DIR with the extracted files, or --download)")
-    tried = []
-    for source in corpus.sources:
-        found, missing = _locate(source, raw_dir, corpus)
-        if not missing:
-            if source.maruf:
-                where = {p.lower() for path in found.values() for p in path.resolve().parent.parts}
-                if where & (_ALL_DIRS - {d.lower() for d in corpus.dirs}) and not where & {d.lower() for d in corpus.dirs}:
-                    logger.warning("%s: the files in %s look like another corpus' (its directory name); "
-                                   "check --raw", corpus.name, next(iter(found.values())).parent)
-            return source, found
-        tried.append((source, found, missing))
-    best = max(tried, key=lambda t: len(t[1]))  # ties: the first (Maruf's release)
-
-    def listing(missing):
-        return "".join(f"\n  {m}" for m in missing)
-
-    source, found, missing = best
-    where = f"{raw_dir}" + (f" (or its sub-directory {' / '.join(corpus.dirs[:2])})" if source.maruf else "")
-    msg = (f"{corpus.name}: {len(missing)} raw file{'s' if len(missing) > 1 else ''} of {source.label} "
-           f"missing in {where}; extract them there, or use --download; nothing was written:"
-           f"{listing(missing)}")
-    if not found:
-        for other, _, other_missing in tried:
-            if other is not source:
-                msg += f"\nor, as {other.label}:{listing(other_missing)}"
-    raise PrepError(msg)
-
-
-def read_split(source: Source, found: Dict[str, Path], split: str, encoding: str = "utf-8") -> Tuple[List[Doc], int]:
-    docs: List[Doc] = []
-    dropped = 0
-    for a, b in source.files[split]:
-        part, n = reader_for(found[a].name.removesuffix(".gz"))(found[a], found[b], encoding)
-        docs += part
-        dropped += n
-    for i, d in enumerate(docs):
-        d.id = d.id or str(i)
-    return docs, dropped
-
-
-# --------------------------------------------------------------------------- pipeline
-
-def _write(path: Path, lines: Iterable[str]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(line + "\n")
-
-
-def _lines(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            yield line.rstrip("\n")
 
 
 def prepare(corpus: Corpus, raw_dir: Path, out: Path, merges: int = DEFAULT_MERGES,
             max_tokens: int = document_blocks.MAX_TOKENS, workers: int = 1,
             keep_tmp: bool = False, encoding: str = "utf-8") -> Dict[str, object]:
+    """The whole preparation of one corpus; returns the summary it prints."""
     if max_tokens < 2:
         raise PrepError(f"--max-tokens must be at least 2 (a token and </s>), got {max_tokens}")
     source, found = resolve(corpus, raw_dir)     # before anything is written
-    common.find_tool("fairseq-preprocess")
+    find_tool("fairseq-preprocess")
     logger.info("%s: reading %s", corpus.name, source.label)
     docs = {}
     for split in SPLITS:
@@ -443,51 +130,55 @@ def prepare(corpus: Corpus, raw_dir: Path, out: Path, merges: int = DEFAULT_MERG
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "tmp"
     tmp.mkdir(exist_ok=True)
-    job = Job(name=corpus.name, src=SRC, tgt=TGT, corpora={}, merges=merges, joined_dictionary=True)
-
-    # 1. one sentence a line, documents one after the other (document_blocks.py's input);
-    #    the raw valid/test sentences become the references
     for split, split_docs in docs.items():
-        _write(tmp / f"{split}.sentcount", (str(len(d.src)) for d in split_docs))
-        _write(tmp / f"{split}.ids", (d.id for d in split_docs))
-        for lang in (SRC, TGT):
-            raw = tmp / (f"{split}.text.{lang}" if split == "train" else f"{split}.sentences.raw.{lang}")
-            _write(raw, (s for d in split_docs for s in (d.src if lang == SRC else d.tgt)))
-            _write(tmp / f"{split}.tok.{lang}", common.process_lines(_lines(raw), lang, job, workers, "tok"))
+        write_sentences(split, split_docs, tmp, workers)
     del docs
-
-    # 2. joint BPE
-    codes = out / "bpecodes"
-    logger.info("learning %d joint BPE merges", merges)
-    common.learn_bpe([tmp / f"train.tok.{lang}" for lang in (SRC, TGT)], codes, merges)
-    for split in SPLITS:
-        for lang in (SRC, TGT):
-            common.apply_bpe(codes, tmp / f"{split}.tok.{lang}", tmp / f"{split}.sentences.{lang}")
-
-    # 3. blocks of <= max_tokens, block maps and one-document-a-line references
-    for split in SPLITS:
-        for lang in (SRC, TGT):
-            (out / f"{split}.raw.{lang}").unlink(missing_ok=True)
-    counts = {}
-    args = argparse.Namespace(input=str(tmp), out=str(out), src_lang=SRC, tgt_lang=TGT, prefix="sentences",
-                              max_tokens=max_tokens, separator=document_blocks.SEPARATOR)
-    try:
-        for split in SPLITS:
-            counts[split] = document_blocks.block_split(args, split)
-    except document_blocks.BlockError as e:
-        raise PrepError(str(e)) from None
-
-    # 4. binarise
-    dest = common.binarize(out, job.src, job.tgt, job.joined_dictionary, workers)
+    segment(tmp, out / "bpecodes", merges)
+    counts = write_blocks(tmp, out, max_tokens)
+    dest = binarize(out, SRC, TGT, True, workers)
     summary: Dict[str, object] = {
         "dataset": corpus.name, "format": source.label, "max_tokens": max_tokens, "splits": counts,
-        "vocab": {lang: sum(1 for _ in _lines(dest / f"dict.{lang}.txt")) for lang in (SRC, TGT)},
+        "vocab": {lang: dictionary_size(dest, lang) for lang in (SRC, TGT)},
         "bin": str(dest),
     }
     if not keep_tmp:
         shutil.rmtree(tmp)
     print_summary(summary)
     return summary
+
+
+def write_sentences(split: str, docs: List[Doc], tmp: Path, workers: int) -> None:
+    """One sentence a line, documents one after the other (``document_blocks``' input): the raw
+    sentences (for valid and test, the references) and the tokenised ones."""
+    write_lines(tmp / f"{split}.sentcount", (str(len(d.src)) for d in docs))
+    write_lines(tmp / f"{split}.ids", (d.id for d in docs))
+    for lang in (SRC, TGT):
+        raw = tmp / (f"{split}.text.{lang}" if split == "train" else f"{split}.sentences.raw.{lang}")
+        write_lines(raw, (s for d in docs for s in (d.src if lang == SRC else d.tgt)))
+        write_lines(tmp / f"{split}.tok.{lang}", process_lines(read_lines(raw), lang, "tok", workers))
+
+
+def segment(tmp: Path, codes: Path, merges: int) -> None:
+    """Joint BPE learnt on the tokenised training text, applied to every split's sentences."""
+    logger.info("learning %d joint BPE merges", merges)
+    learn_bpe(read_lines(*(tmp / f"train.tok.{lang}" for lang in (SRC, TGT))), codes, merges)
+    for split in SPLITS:
+        for lang in (SRC, TGT):
+            apply_bpe(codes, tmp / f"{split}.tok.{lang}", tmp / f"{split}.sentences.{lang}")
+
+
+def write_blocks(tmp: Path, out: Path, max_tokens: int) -> Dict[str, Dict[str, int]]:
+    """Blocks of at most ``max_tokens``, the block maps and the one-document-a-line references,
+    with ``document_blocks``; returns its counts per split."""
+    for split in SPLITS:
+        for lang in (SRC, TGT):
+            (out / f"{split}.raw.{lang}").unlink(missing_ok=True)
+    args = argparse.Namespace(input=str(tmp), out=str(out), src_lang=SRC, tgt_lang=TGT, prefix="sentences",
+                              max_tokens=max_tokens, separator=document_blocks.SEPARATOR)
+    try:
+        return {split: document_blocks.block_split(args, split) for split in SPLITS}
+    except document_blocks.BlockError as e:
+        raise PrepError(str(e)) from None
 
 
 def print_summary(summary: Dict[str, object]) -> None:
@@ -499,48 +190,32 @@ def print_summary(summary: Dict[str, object]) -> None:
     print(f"  binarised data: {summary['bin']}")
 
 
-# --------------------------------------------------------------------------- CLI
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fairseq_sparse.data.documents", description=__doc__.split("\n\n")[0],
                                 epilog="See the module docstring (top of this file) for formats and splits.")
     p.add_argument("--corpus", required=True, choices=sorted(CORPORA),
                    help="ted: IWSLT17 TED talks; news: News-Commentary v11 (both English->German)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--raw", metavar="DIR",
-                     help="directory holding the raw files (searched recursively by file name)")
-    src.add_argument("--download", action="store_true",
-                     help="download Maruf et al.'s files into OUT/raw (or --raw-dir) first")
-    p.add_argument("--raw-dir", metavar="DIR", help="with --download: where to put the files (default OUT/raw)")
-    p.add_argument("--out", required=True, help="output directory")
+    cli.add_common_args(p, "download Maruf et al.'s files into OUT/raw (or --raw-dir) first", no_binarize=False)
     p.add_argument("--merges", type=int, default=DEFAULT_MERGES,
                    help=f"joint BPE merge operations (default {DEFAULT_MERGES}, as G-Transformer)")
     p.add_argument("--max-tokens", type=int, default=document_blocks.MAX_TOKENS,
                    help="most positions of a block on either side, </s> included (default %(default)s)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="processes for tokenisation and fairseq-preprocess (default 1)")
-    p.add_argument("--keep-tmp", action="store_true", help="keep the intermediate files in OUT/tmp")
-    common.add_encoding_arg(p)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    cli.setup_logging()
     corpus = CORPORA[args.corpus]
-    out = Path(args.out)
-    try:
+
+    def work() -> None:
+        raw_dir = cli.raw_directory(args)
         if args.download:
-            raw_dir = Path(args.raw_dir) if args.raw_dir else out / "raw"
-            common.download(download_urls(corpus), raw_dir / corpus.hf_dir)
-        else:
-            raw_dir = Path(args.raw)
-        prepare(corpus, raw_dir, out, merges=args.merges, max_tokens=args.max_tokens,
-                workers=args.workers, keep_tmp=args.keep_tmp, encoding=common.check_encoding(args.encoding))
-    except PrepError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+            download(download_urls(corpus), raw_dir / corpus.hf_dir)
+        prepare(corpus, raw_dir, Path(args.out), merges=args.merges, max_tokens=args.max_tokens,
+                workers=args.workers, keep_tmp=args.keep_tmp, encoding=check_encoding(args.encoding))
+
+    return cli.report_errors(work)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,12 @@ Examples::
     python -m fairseq_sparse.data.iwslt14_de_en --download --out data/iwslt14.de-en
 """
 
+import argparse
 import sys
+from typing import Optional, Sequence
 
-from fairseq_sparse.data import common
-from fairseq_sparse.data.common import Job, Raw
+from fairseq_sparse.data import cli
+from fairseq_sparse.data.job import Job, iwslt_sets, iwslt_train
 
 URLS = [
     "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
@@ -34,33 +36,29 @@ URLS = [
 TEST_SETS = ["TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012"]
 
 
-def build_job(args) -> Job:
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.base_parser(__doc__, "data/iwslt14.de-en")
+    p.add_argument("--merges", type=int, default=10000, help="joint BPE merges (default 10000)")
+    p.add_argument("--cased", action="store_true", help="do not lowercase")
+    p.add_argument("--joined-dictionary", action="store_true",
+                   help="one dictionary for both languages")
+    cli.add_filter_args(p, 175, 1.5)
+    return p
+
+
+def build_job(args: argparse.Namespace) -> Job:
     src, tgt = "de", "en"
-    test = [(Raw(f"IWSLT14.{t}.de-en.{src}.xml", "seg"), Raw(f"IWSLT14.{t}.de-en.{tgt}.xml", "seg"))
-            for t in TEST_SETS]
     return Job(
         name="iwslt14.de-en", src=src, tgt=tgt,
-        corpora={"train": [(Raw(f"train.tags.de-en.{src}", "tags"),
-                            Raw(f"train.tags.de-en.{tgt}", "tags"))],
-                 "test": test},
+        corpora={"train": iwslt_train("de-en", src, tgt), "test": iwslt_sets(14, "de-en", src, tgt, TEST_SETS)},
         lowercase=not args.cased, subword="bpe", merges=args.merges,
         clean_on="tok", max_len=args.max_len, ratio=args.ratio,
         joined_dictionary=args.joined_dictionary, valid_from_train=23,
     )
 
 
-def build_parser():
-    p = common.base_parser(__doc__, "data/iwslt14.de-en")
-    p.add_argument("--merges", type=int, default=10000, help="joint BPE merges (default 10000)")
-    p.add_argument("--cased", action="store_true", help="do not lowercase")
-    p.add_argument("--joined-dictionary", action="store_true",
-                   help="one dictionary for both languages")
-    common.add_filter_args(p, 175, 1.5)
-    return p
-
-
-def main(argv=None) -> int:
-    return common.main_with(build_job, lambda a: URLS, build_parser(), argv)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return cli.main_with(build_job, lambda args: URLS, build_parser(), argv)
 
 
 if __name__ == "__main__":

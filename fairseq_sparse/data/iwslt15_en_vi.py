@@ -20,42 +20,46 @@ Examples::
     python -m fairseq_sparse.data.iwslt15_en_vi --download --out data/iwslt15.en-vi
 """
 
+import argparse
 import sys
+from typing import List, Optional, Sequence
 
-from fairseq_sparse.data import common
-from fairseq_sparse.data.common import Job, Raw
+from fairseq_sparse.data import cli
+from fairseq_sparse.data.job import Job, Pair
+from fairseq_sparse.data.raw import Raw
 
 BASE = "https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/"
 URLS = [BASE + f"{name}.{lang}" for name in ("train", "tst2012", "tst2013", "vocab")
         for lang in ("en", "vi")]
+SRC, TGT = "en", "vi"
 
 
-def build_job(args) -> Job:
-    src, tgt = "en", "vi"
-
-    def pair(name):
-        return [(Raw(f"{name}.{src}", "plain"), Raw(f"{name}.{tgt}", "plain"))]
-
-    return Job(
-        name="iwslt15.en-vi", src=src, tgt=tgt,
-        corpora={"train": pair("train"), "valid": pair("tst2012"), "test": pair("tst2013")},
-        tokenize=False, subword="none", clean_on="tok",
-        max_len=args.max_len, ratio=args.ratio, joined_dictionary=False, detok_refs=True,
-        dict_files={} if args.no_stanford_vocab else
-        {src: Raw(f"vocab.{src}", "plain"), tgt: Raw(f"vocab.{tgt}", "plain")},
-    )
-
-
-def build_parser():
-    p = common.base_parser(__doc__, "data/iwslt15.en-vi")
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.base_parser(__doc__, "data/iwslt15.en-vi")
     p.add_argument("--no-stanford-vocab", action="store_true",
                    help="build the dictionaries from the training words instead of vocab.*")
-    common.add_filter_args(p, 0, 0)
+    cli.add_filter_args(p, 0, 0)
     return p
 
 
-def main(argv=None) -> int:
-    return common.main_with(build_job, lambda a: URLS, build_parser(), argv)
+def stanford(name: str) -> List[Pair]:
+    """Stanford's plain files ``{name}.en`` / ``{name}.vi``."""
+    return [(Raw(f"{name}.{SRC}", "plain"), Raw(f"{name}.{TGT}", "plain"))]
+
+
+def build_job(args: argparse.Namespace) -> Job:
+    return Job(
+        name="iwslt15.en-vi", src=SRC, tgt=TGT,
+        corpora={"train": stanford("train"), "valid": stanford("tst2012"), "test": stanford("tst2013")},
+        tokenize=False, subword="none", clean_on="tok",
+        max_len=args.max_len, ratio=args.ratio, joined_dictionary=False, detok_refs=True,
+        dict_files={} if args.no_stanford_vocab else
+        {SRC: Raw(f"vocab.{SRC}", "plain"), TGT: Raw(f"vocab.{TGT}", "plain")},
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return cli.main_with(build_job, lambda args: URLS, build_parser(), argv)
 
 
 if __name__ == "__main__":

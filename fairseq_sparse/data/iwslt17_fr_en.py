@@ -20,12 +20,15 @@ Examples::
 
     python -m fairseq_sparse.data.iwslt17_fr_en --raw ~/data/iwslt17/fr-en --out data/iwslt17.fr-en
     python -m fairseq_sparse.data.iwslt17_fr_en --download --out data/iwslt17.fr-en
+    python -m fairseq_sparse.data.iwslt17_fr_en --raw ~/data/iwslt17/fr-en --subword spm --out data/iwslt17.fr-en.spm
 """
 
+import argparse
 import sys
+from typing import List, Optional, Sequence
 
-from fairseq_sparse.data import common
-from fairseq_sparse.data.common import Job, Raw
+from fairseq_sparse.data import cli
+from fairseq_sparse.data.job import Job, Pair, iwslt_sets, iwslt_train
 
 URLS = [
     "https://wit3.fbk.eu/archive/2017-01-trnted/texts/fr/en/fr-en.tgz"
@@ -33,42 +36,35 @@ URLS = [
 ]
 
 
-def _sets(spec):
-    return [s for s in spec.split(",") if s]
-
-
-def build_job(args) -> Job:
-    src, tgt = "fr", "en"
-
-    def xml(sets):
-        return [(Raw(f"IWSLT17.TED.{s}.fr-en.{src}.xml", "seg"),
-                 Raw(f"IWSLT17.TED.{s}.fr-en.{tgt}.xml", "seg")) for s in _sets(sets)]
-
-    return Job(
-        name="iwslt17.fr-en", src=src, tgt=tgt,
-        corpora={"train": [(Raw(f"train.tags.fr-en.{src}", "tags"),
-                            Raw(f"train.tags.fr-en.{tgt}", "tags"))],
-                 "valid": xml(args.valid_sets), "test": xml(args.test_sets)},
-        subword=args.subword, merges=args.merges, vocab_size=args.vocab_size,
-        clean_on="tok" if args.subword == "bpe" else "subword",
-        max_len=args.max_len, ratio=args.ratio, joined_dictionary=True,
-    )
-
-
-def build_parser():
-    p = common.base_parser(__doc__, "data/iwslt17.fr-en")
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.base_parser(__doc__, "data/iwslt17.fr-en")
     p.add_argument("--valid-sets", default="dev2010", help="comma-separated (default dev2010)")
     p.add_argument("--test-sets", default="tst2015", help="comma-separated (default tst2015)")
     p.add_argument("--subword", choices=("bpe", "spm"), default="bpe")
     p.add_argument("--merges", type=int, default=10000, help="joint BPE merges (default 10000)")
     p.add_argument("--vocab-size", type=int, default=16000,
                    help="sentencepiece vocabulary with --subword spm (default 16000)")
-    common.add_filter_args(p, 175, 1.5)
+    cli.add_filter_args(p, 175, 1.5)
     return p
 
 
-def main(argv=None) -> int:
-    return common.main_with(build_job, lambda a: URLS, build_parser(), argv)
+def build_job(args: argparse.Namespace) -> Job:
+    src, tgt = "fr", "en"
+
+    def ted(spec: str) -> List[Pair]:
+        return iwslt_sets(17, "fr-en", src, tgt, [f"TED.{s}" for s in cli.comma_separated(spec)])
+
+    return Job(
+        name="iwslt17.fr-en", src=src, tgt=tgt,
+        corpora={"train": iwslt_train("fr-en", src, tgt), "valid": ted(args.valid_sets), "test": ted(args.test_sets)},
+        subword=args.subword, merges=args.merges, vocab_size=args.vocab_size,
+        clean_on="tok" if args.subword == "bpe" else "subword",
+        max_len=args.max_len, ratio=args.ratio, joined_dictionary=True,
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return cli.main_with(build_job, lambda args: URLS, build_parser(), argv)
 
 
 if __name__ == "__main__":

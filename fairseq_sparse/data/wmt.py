@@ -52,9 +52,12 @@ character level, the Moses-normalised untokenised text split into characters wit
 
 import argparse
 import sys
+from typing import List, Optional, Sequence
 
-from fairseq_sparse.data import common
-from fairseq_sparse.data.common import Job, PrepError, Raw
+from fairseq_sparse.data import cli
+from fairseq_sparse.data.errors import PrepError
+from fairseq_sparse.data.job import Job, Pair
+from fairseq_sparse.data.raw import Raw
 
 WMT13 = "http://www.statmt.org/wmt13/"
 WMT14 = "http://www.statmt.org/wmt14/"
@@ -107,10 +110,12 @@ WMT17_NEW = ("lv", "zh")  # first year at WMT17: newsdev2017 is their dev set
 
 
 def _key(pair: str) -> str:
+    """A pair as ``DATASETS`` names it: its languages sorted."""
     return "-".join(sorted(pair.split("-")))
 
 
-def supported() -> list:
+def supported() -> List[str]:
+    """Every ``year src-tgt`` this script prepares, sorted."""
     out = []
     for year, key in DATASETS:
         a, b = key.split("-")
@@ -135,11 +140,8 @@ def eval_raw(name: str, lang: str, src: str, tgt: str) -> Raw:
     return Raw("|".join(cands), "auto")
 
 
-def _sets(spec: str):
-    return [s for s in spec.split(",") if s]
-
-
-def build_job(args) -> Job:
+def build_job(args: argparse.Namespace) -> Job:
+    """The job of ``--year``/``--pair``; a PrepError for a pair this script does not prepare."""
     try:
         src, tgt = args.pair.split("-")
     except ValueError:
@@ -152,8 +154,8 @@ def build_job(args) -> Job:
         raise PrepError("--char is only defined for WMT14 en-de / de-en")
     extra = [(Raw(f"{p}.{src}"), Raw(f"{p}.{tgt}")) for p in args.extra_train]
 
-    def evals(spec):
-        return [(eval_raw(s, src, src, tgt), eval_raw(s, tgt, src, tgt)) for s in _sets(spec)]
+    def evals(spec: str) -> List[Pair]:
+        return [(eval_raw(s, src, src, tgt), eval_raw(s, tgt, src, tgt)) for s in cli.comma_separated(spec)]
 
     common_kw = dict(merges=args.merges, vocab_size=args.vocab_size,
                      subword="char" if args.char else args.subword)
@@ -166,7 +168,7 @@ def build_job(args) -> Job:
         return Job(
             name=f"wmt17.{src}-{tgt}", src=src, tgt=tgt,
             corpora={"train": [(Raw(f"corpus.tc.{src}", "plain"), Raw(f"corpus.tc.{tgt}", "plain"))] + extra,
-                     "valid": [(tc(s, src), tc(s, tgt)) for s in _sets(valid)],
+                     "valid": [(tc(s, src), tc(s, tgt)) for s in cli.comma_separated(valid)],
                      "test": evals(test)},
             tokenize=False, truecase_splits=("test",),
             truecase_models={l: Raw(f"truecase-model.{l}", "plain") for l in (src, tgt)},
@@ -190,7 +192,8 @@ def build_job(args) -> Job:
         **common_kw)
 
 
-def urls(args) -> list:
+def urls(args: argparse.Namespace) -> List[str]:
+    """The official archives of ``--year``/``--pair`` (``--download``)."""
     src, tgt = args.pair.split("-")
     year = args.year % 100
     if year == 17:
@@ -202,7 +205,7 @@ def urls(args) -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.base_parser(__doc__, "data/wmt")
+    p = cli.base_parser(__doc__, "data/wmt")
     p.add_argument("--year", type=int, required=True, choices=(14, 16, 17, 18, 2014, 2016, 2017, 2018))
     p.add_argument("--pair", required=True, help="src-tgt, e.g. en-de, ro-en, zh-en")
     p.add_argument("--char", action="store_true", help="character level (WMT14 en-de only)")
@@ -226,12 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args, _ = parser.parse_known_args(argv)
     if args.out == "data/wmt" and "--out" not in (argv if argv is not None else sys.argv[1:]):
         parser.set_defaults(out=f"data/wmt{args.year % 100}.{args.pair}" + (".char" if args.char else ""))
-    return common.main_with(build_job, urls, parser, argv)
+    return cli.main_with(build_job, urls, parser, argv)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,10 @@
 """Tests of fairseq_sparse.data.bible on a tiny Bible database built in tmp_path (no network)."""
 
-import importlib
 import sqlite3
 
 import pytest
 
-
-def _load():
-    return importlib.import_module("fairseq_sparse.data.bible")
-
-
-bible = _load()
+from fairseq_sparse.data import bible, bible_cleaning, bible_corpus, bible_db, errors, text
 
 # (book, chapter, verse) -> (German text or None for a missing row, English text)
 VERSES = {
@@ -61,12 +55,12 @@ def db(tmp_path):
 
 
 def _units(db):
-    return bible.align(bible.read_verses(db, "s"), bible.read_verses(db, "4"))
+    return bible_corpus.align(bible_db.read_verses(db, "s"), bible_db.read_verses(db, "4"))
 
 
 def test_empty_and_missing_verses_are_skipped(db):
-    assert bible.clean_verse("[]") == "" and bible.clean_verse("(*)") == ""
-    assert bible.clean_verse("(2:4) Und  Gott [ruhte].", "s") == "Und Gott ruhte."
+    assert bible_cleaning.clean_verse("[]") == "" and bible_cleaning.clean_verse("(*)") == ""
+    assert bible_cleaning.clean_verse("(2:4) Und  Gott [ruhte].", "s") == "Und Gott ruhte."
     units, skipped = _units(db)
     keys = [u.key for u in units]
     assert len(units) == N_PAIRS and skipped == 3
@@ -76,19 +70,19 @@ def test_empty_and_missing_verses_are_skipped(db):
 
 def test_split_by_book_is_disjoint_and_complete(db):
     units, _ = _units(db)
-    splits = bible.split_by_book(units, [41], [43])
-    keys = {s: [u.key for u in splits[s]] for s in bible.SPLITS}
+    splits = bible_corpus.split_by_book(units, [41], [43])
+    keys = {s: [u.key for u in splits[s]] for s in text.SPLITS}
     assert sorted(sum(keys.values(), [])) == sorted(u.key for u in units)
     assert {k[0] for k in keys["valid"]} == {41}
     assert {k[0] for k in keys["test"]} == {43}
     assert {k[0] for k in keys["train"]} == {1, 2}
-    with pytest.raises(bible.PrepError, match="both"):
-        bible.split_by_book(units, [41], [41, 43])
+    with pytest.raises(errors.PrepError, match="both"):
+        bible_corpus.split_by_book(units, [41], [41, 43])
 
 
 def test_document_level_groups_verses_by_chapter(db):
     units, _ = _units(db)
-    docs = bible.group_chapters(units)
+    docs = bible_corpus.group_chapters(units)
     assert [d.key for d in docs] == [(1, 1), (1, 2), (2, 1), (41, 1), (43, 1), (43, 2)]
     assert [len(d.src) for d in docs] == [3, 2, 2, 2, 2, 1]
     assert all(len(d.src) == len(d.tgt) for d in docs)

@@ -17,13 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_sparse.data import binarise, download, errors, filtering, moses, raw, subwords
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "data_prep" / "sentences.tsv"
-
-
-def common_module():
-    return importlib.import_module("fairseq_sparse.data.common")
 
 
 def _load(name):
@@ -209,14 +207,13 @@ SUBPROCESS = "iwslt14.de-en"
 def build(name, workdir):
     if name not in _BUILT:
         script, extra, writer, pair = CASES[name]
-        raw = writer(workdir / "raw" / name)
+        raw_dir = writer(workdir / "raw" / name)
         out = workdir / "out" / name
-        common = common_module()
-        common.BINARIZE_IN_PROCESS = name != SUBPROCESS
+        binarise.BINARIZE_IN_PROCESS = name != SUBPROCESS
         try:
-            rc = SCRIPTS[script].main(["--raw", str(raw), "--out", str(out), *extra])
+            rc = SCRIPTS[script].main(["--raw", str(raw_dir), "--out", str(out), *extra])
         finally:
-            common.BINARIZE_IN_PROCESS = False
+            binarise.BINARIZE_IN_PROCESS = False
         assert rc == 0, f"{name} failed"
         _BUILT[name] = out
     return _BUILT[name]
@@ -317,12 +314,12 @@ def test_fairseq_train_reads_prepared_data(workdir):
                                   "wmt17.de-en"])
 def test_missing_raw_file_is_one_clear_message(name, tmp_path, capsys):
     script, extra, writer, pair = CASES[name]
-    raw = writer(tmp_path / "raw")
-    victim = sorted(p for p in raw.rglob("*") if p.is_file() and "vocab" not in p.name
+    raw_dir = writer(tmp_path / "raw")
+    victim = sorted(p for p in raw_dir.rglob("*") if p.is_file() and "vocab" not in p.name
                     and "truecase" not in p.name)[-1]
     victim.unlink()
     out = tmp_path / "out"
-    rc = SCRIPTS[script].main(["--raw", str(raw), "--out", str(out), *extra])
+    rc = SCRIPTS[script].main(["--raw", str(raw_dir), "--out", str(out), *extra])
     err = capsys.readouterr().err
     assert rc == 1
     assert err.count("error:") == 1 and "missing" in err
@@ -352,16 +349,16 @@ def test_help(script, capsys):
 
 
 def test_readers(tmp_path):
-    common = common_module()
     sgm = tmp_path / "x.sgm"
     sgm.write_text('<srcset>\n<doc docid="a">\n<seg id="1">Smith &amp; Sons’ shop</seg>\n</doc>\n</srcset>\n',
                    encoding="utf-8")
-    assert list(common.read_raw(sgm, "seg")) == ["Smith & Sons' shop"]
-    assert common.keep_pair("a b c", "a", 250, 1.5) is False
-    assert common.keep_pair("a b", "a b c", 250, 1.5) is True
-    assert common.keep_pair("a " * 251, "a " * 251, 250, 0) is False
-    assert common.char_split("ab cd") == "a b ▁ c d"
-    assert common.split_cjk("我们 love 北京。") == "我 们 love 北 京 。"
+    assert list(raw.read_raw(sgm, "seg")) == ["Smith & Sons' shop"]
+    assert filtering.keep_pair("a b c", "a", 250, 1.5) is False
+    assert filtering.keep_pair("a b", "a b c", 250, 1.5) is True
+    assert filtering.keep_pair("a " * 251, "a " * 251, 250, 0) is False
+    assert filtering.kept_indices(["a b c", "a b", ""], ["a", "a b c", "a"], 250, 1.5) == [1]
+    assert subwords.char_split("ab cd") == "a b ▁ c d"
+    assert moses.split_cjk("我们 love 北京。") == "我 们 love 北 京 。"
 
 
 def test_download_extracts_archives_offline(tmp_path):
@@ -369,7 +366,6 @@ def test_download_extracts_archives_offline(tmp_path):
     import tarfile
     import zipfile
 
-    common = common_module()
     src = tmp_path / "src"
     write_lines(src / "corpus" / "a.en", ["hello"])
     with tarfile.open(tmp_path / "a.tgz", "w:gz") as t:
@@ -379,27 +375,27 @@ def test_download_extracts_archives_offline(tmp_path):
     (tmp_path / "b.tar.gz.01").write_bytes(data[10:])
     with zipfile.ZipFile(tmp_path / "c.zip", "w") as z:
         z.writestr("c/c.ro", "salut\n")
-    raw = tmp_path / "raw"
+    raw_dir = tmp_path / "raw"
     url = (tmp_path / "a.tgz").as_uri()
-    common.download([(tmp_path / "missing.tgz").as_uri() + "|" + url,
+    download.download([(tmp_path / "missing.tgz").as_uri() + "|" + url,
                      (tmp_path / "b.tar.gz.00").as_uri() + "+" + (tmp_path / "b.tar.gz.01").as_uri(),
-                     (tmp_path / "c.zip").as_uri()], raw)
-    assert common.find_raw(raw, "a.en").read_text() == "hello\n"
-    assert (raw / "b.tar.gz").read_bytes() == data
-    assert common.find_raw(raw, "c.ro").read_text() == "salut\n"
-    with pytest.raises(common.PrepError, match="download failed"):
-        common.download([(tmp_path / "nothing.tgz").as_uri()], raw)
+                       (tmp_path / "c.zip").as_uri()], raw_dir)
+    assert raw.find_raw(raw_dir, "a.en").read_text() == "hello\n"
+    assert (raw_dir / "b.tar.gz").read_bytes() == data
+    assert raw.find_raw(raw_dir, "c.ro").read_text() == "salut\n"
+    with pytest.raises(errors.PrepError, match="download failed"):
+        download.download([(tmp_path / "nothing.tgz").as_uri()], raw_dir)
 
 
 def test_undecodable_raw_file_is_one_clear_message_naming_its_line(tmp_path, capsys):
     """A wrongly encoded raw file stops preparation: its file and line are named, nothing is replaced."""
     script, extra, writer, pair = CASES["iwslt14.de-en"]
-    raw = writer(tmp_path / "raw")
-    victim = next(p for p in sorted(raw.rglob("*")) if p.is_file() and p.suffix not in (".gz",) and p.stat().st_size > 200)
+    raw_dir = writer(tmp_path / "raw")
+    victim = next(p for p in sorted(raw_dir.rglob("*")) if p.is_file() and p.suffix not in (".gz",) and p.stat().st_size > 200)
     lines = victim.read_bytes().split(b"\n")
     lines[2] = "Café à Paris".encode("latin-1")  # bytes that are not UTF-8
     victim.write_bytes(b"\n".join(lines))
-    rc = SCRIPTS[script].main(["--raw", str(raw), "--out", str(tmp_path / "out"), *extra])
+    rc = SCRIPTS[script].main(["--raw", str(raw_dir), "--out", str(tmp_path / "out"), *extra])
     err = capsys.readouterr().err
     assert rc == 1 and err.count("error:") == 1 and "Traceback" not in err
     assert f"{victim.name}: line 3 is not valid utf-8" in err and "--encoding" in err
@@ -407,16 +403,15 @@ def test_undecodable_raw_file_is_one_clear_message_naming_its_line(tmp_path, cap
 
 
 def test_raw_text_decodes_in_the_given_encoding_or_names_the_line(tmp_path):
-    common = common_module()
     path = tmp_path / "x.de"
     path.write_bytes("eins\nzwei\nGrüße\n".encode("latin-1"))
-    with pytest.raises(common.PrepError, match=r"x.de: line 3 is not valid utf-8"):
-        list(common.read_raw(path, "plain"))
-    assert list(common.read_raw(path, "plain", "latin-1")) == ["eins", "zwei", "Grüße"]
+    with pytest.raises(errors.PrepError, match=r"x.de: line 3 is not valid utf-8"):
+        list(raw.read_raw(path, "plain"))
+    assert list(raw.read_raw(path, "plain", "latin-1")) == ["eins", "zwei", "Grüße"]
     zipped = tmp_path / "x.de.gz"
     with gzip.open(zipped, "wb") as f:
         f.write(b"ok\n" * 5000 + b"\xff\n")  # the text reader decodes ahead in blocks: still line 5001
-    with pytest.raises(common.PrepError, match=r"line 5001 is not valid utf-8"):
-        list(common.read_raw(zipped, "plain"))
-    with pytest.raises(common.PrepError, match="--encoding utf-9: not a text encoding"):
-        common.check_encoding("utf-9")
+    with pytest.raises(errors.PrepError, match=r"line 5001 is not valid utf-8"):
+        list(raw.read_raw(zipped, "plain"))
+    with pytest.raises(errors.PrepError, match="--encoding utf-9: not a text encoding"):
+        raw.check_encoding("utf-9")

@@ -34,7 +34,8 @@ def _load(name):
 
 
 blocking = _load("document_blocks")
-documents_script = _load("documents")
+corpora = _load("document_corpora")
+readers = _load("document_readers")
 
 with open(FIXTURE, encoding="utf-8", newline="") as _f:
     ROWS = [(r["en"], r["de"]) for r in csv.DictReader(_f, delimiter="\t", quoting=csv.QUOTE_NONE)]
@@ -263,16 +264,16 @@ def test_each_corpus_reads_its_own_directory(built, tmp_path):
     assert _unbpe(_read(built["news-maruf"][0] / "test.en")[0]).split()[0] == "Kilo"
     raw, expected = maruf_raw(tmp_path / "raw")
     for corpus, directory in (("ted", "IWSLT2017"), ("news", "nc2016")):
-        source, found = documents_script.resolve(documents_script.CORPORA[corpus], raw)
-        assert source is documents_script.MARUF
+        source, found = corpora.resolve(corpora.CORPORA[corpus], raw)
+        assert source is corpora.MARUF
         assert {p.parent.name for p in found.values()} == {directory}
         for split in ("train", "valid", "test"):
-            docs, dropped = documents_script.read_split(source, found, split)
+            docs, dropped = corpora.read_split(source, found, split)
             assert [(d.id, list(zip(d.src, d.tgt))) for d in docs] == expected[corpus][split]
             assert dropped == (split != "valid")
     # Maruf's files directly in --raw
     write_maruf(tmp_path / "flat", {"train": documents([2]), "dev": documents([1]), "test": documents([1])})
-    _, found = documents_script.resolve(documents_script.CORPORA["ted"], tmp_path / "flat")
+    _, found = corpora.resolve(corpora.CORPORA["ted"], tmp_path / "flat")
     assert {p.parent for p in found.values()} == {tmp_path / "flat"}
 
 
@@ -295,7 +296,7 @@ def test_reader_keeps_lines_aligned(tmp_path):
     """Only ``\\n`` ends a line: a stray ``\\r`` or a U+2028 inside a sentence becomes a space."""
     (tmp_path / "a.en").write_bytes("<d>\r\nOne\rtwo.\r\nThree\u2028four &amp; five.\r\n<d>\r\nSix.\r\n".encode())
     (tmp_path / "a.de").write_bytes("<d>\r\nEins zwei.\r\nDrei vier\x85fünf.\r\n<d>\r\nSechs.\r\n".encode())
-    docs, dropped = documents_script.read_maruf(tmp_path / "a.en", tmp_path / "a.de")
+    docs, dropped = readers.read_maruf(tmp_path / "a.en", tmp_path / "a.de")
     assert [(d.src, d.tgt) for d in docs] == [(["One two.", "Three four & five."], ["Eins zwei.", "Drei vier fünf."]),
                                               (["Six."], ["Sechs."])]
     assert dropped == 0
@@ -352,12 +353,12 @@ def test_document_boundary_on_one_side_only(tmp_path):
 
 
 def test_undecodable_document_file_names_its_line(tmp_path):
-    from fairseq_sparse.data import common, documents
+    from fairseq_sparse.data.errors import PrepError
 
     src, tgt = tmp_path / "train.en", tmp_path / "train.de"
     src.write_text("<d>\na\nb\n", encoding="utf-8")
     tgt.write_bytes("<d>\nx\n\xfc\n".encode("latin-1"))
-    with pytest.raises(common.PrepError, match=r"train.de: line 3 is not valid utf-8"):
-        documents.read_maruf(src, tgt)
-    docs, _ = documents.read_maruf(src, tgt, encoding="latin-1")
+    with pytest.raises(PrepError, match=r"train.de: line 3 is not valid utf-8"):
+        readers.read_maruf(src, tgt)
+    docs, _ = readers.read_maruf(src, tgt, encoding="latin-1")
     assert docs[0].tgt == ["x", "\xfc"]

@@ -1,0 +1,142 @@
+"""Reading the raw files of the official releases: strict decoding, their formats, finding them.
+
+Formats: plain parallel text (one sentence a line, optionally gzipped), IWSLT ``train.tags.*``
+(metadata lines in tags, one sentence a line otherwise) and IWSLT XML / WMT SGML (one
+``<seg id="N">...</seg>`` a sentence).  A raw file is decoded in the encoding ``--encoding``
+names, strictly: a byte that does not decode stops preparation with the file and the line,
+it is never replaced (a wrongly encoded file would otherwise corrupt the data and the BLEU
+references silently).
+"""
+
+import codecs
+import gzip
+import html
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+from fairseq_sparse.data.errors import PrepError
+
+
+@dataclass(frozen=True)
+class Raw:
+    """One raw file: its name (relative to the raw directory) and its format.
+
+    ``fmt`` is ``plain`` (one sentence a line, ``.gz`` allowed), ``tags`` (IWSLT
+    ``train.tags.*``: metadata lines in tags, one sentence a line otherwise) or
+    ``seg`` (IWSLT XML / WMT SGML: one ``<seg id="N">...</seg>`` a sentence) or
+    ``auto`` (``seg`` for ``.sgm``/``.xml`` files, else ``plain``).  ``name`` may
+    list alternatives separated by ``|``; the first that exists is used.
+    """
+
+    name: str
+    fmt: str = "auto"
+
+
+def check_encoding(encoding: str) -> str:
+    """The name of a text encoding Python knows (``--encoding``), or a PrepError."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise PrepError(f"--encoding {encoding}: not a text encoding Python knows (e.g. utf-8, latin-1, cp1252)") from None
+    return encoding
+
+
+def raw_lines(path: Path, encoding: str = "utf-8", newline: Optional[str] = None) -> Iterator[str]:
+    """The lines of a raw text file (``.gz`` allowed), decoded strictly.
+
+    An undecodable byte is never replaced (a wrongly encoded file would otherwise corrupt the
+    data and the BLEU references silently): preparation stops with one message naming the
+    file, the line and what to do. ``newline`` as ``open``'s (None: universal newlines).
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding=encoding, newline=newline) as f:
+            yield from f
+    except UnicodeDecodeError as err:
+        line = _first_undecodable_line(path, encoding)
+        where = f"line {line}" if line else f"byte {err.start}"
+        raise PrepError(f"{path}: {where} is not valid {encoding} ({err.reason}); give the raw files' encoding "
+                        f"with --encoding, or convert the file to UTF-8") from None
+
+
+def _first_undecodable_line(path: Path, encoding: str) -> Optional[int]:
+    """The number of the first line of ``path`` that does not decode (the text reader decodes
+    ahead in blocks, so its error does not say which line)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    decoder = codecs.getincrementaldecoder(encoding)()
+    with opener(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                decoder.decode(raw)
+            except UnicodeDecodeError:
+                return number
+    return None
+
+
+# IWSLT train.tags: metadata lines dropped; <title>/<description> keep their text
+# (fairseq's prepare-iwslt14.sh / prepare-iwslt17-multilingual.sh).
+_KEEP_TAGS = re.compile(r"^\s*<(title|description)>(.*)</\1>\s*$")
+_SEG = re.compile(r"<seg[^>]*>(.*)</seg>", re.IGNORECASE)
+
+
+def unescape(text: str) -> str:
+    """XML entities (``&amp;``, ``&lt;``, ``&#39;`` ...) to characters."""
+    return html.unescape(text) if "&" in text else text
+
+
+def read_raw(path: Path, fmt: str, encoding: str = "utf-8") -> Iterator[str]:
+    """The sentences of one raw file, stripped, one per line."""
+    lines = raw_lines(path, encoding)
+    if fmt == "plain":
+        for line in lines:
+            yield line.strip()
+    elif fmt == "tags":
+        for line in lines:
+            m = _KEEP_TAGS.match(line)
+            if m:
+                yield m.group(2).strip()
+            elif not line.lstrip().startswith("<"):
+                yield line.strip()
+    elif fmt == "seg":
+        for line in lines:
+            m = _SEG.search(line)
+            if m:
+                yield unescape(m.group(1)).replace("\u2019", "'").strip()
+    else:  # pragma: no cover - programming error
+        raise ValueError(f"unknown raw format {fmt!r}")
+
+
+def fmt_of(raw: Raw, path: Path) -> str:
+    """The format ``raw`` is read in: its own, or for ``auto`` the one its file name says."""
+    if raw.fmt != "auto":
+        return raw.fmt
+    return "seg" if path.name.endswith((".sgm", ".xml", ".sgm.gz", ".xml.gz")) else "plain"
+
+
+def find_raw(raw_dir: Path, name: str) -> Optional[Path]:
+    """``raw_dir/name``, else ``name`` (or ``name.gz``) anywhere below ``raw_dir``
+    (archives extract into different sub-directories); ``a|b``: the first found."""
+    if "|" in name:
+        for alt in name.split("|"):
+            path = find_raw(raw_dir, alt)
+            if path is not None:
+                return path
+        return None
+    for candidate in (name, name + ".gz"):
+        direct = raw_dir / candidate
+        if direct.is_file():
+            return direct
+    base = Path(name).name
+    for candidate in (base, base + ".gz"):
+        hits = sorted(p for p in raw_dir.rglob(candidate) if p.is_file())
+        if hits:
+            return hits[0]
+    return None
+
+
+def missing_entry(name: str) -> str:
+    """How a missing raw file is listed in the error: the name, and its alternatives."""
+    alts = name.split("|")
+    return alts[0] + (f"  (or: {', '.join(alts[1:])})" if len(alts) > 1 else "")

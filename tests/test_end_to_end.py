@@ -158,9 +158,9 @@ def test_l0drop_fine_tuning_and_compressed_generation(bible, softmax_checkpoint,
     assert len(pairs) == EVAL_PAIRS
     for (i, score_c, text_c), (j, score_u, text_u) in pairs:
         assert (i, text_c) == (j, text_u) and abs(float(score_c) - float(score_u)) <= 1e-5
-    report = subprocess.run([sys.executable, "-m", "fairseq_sparse.l0drop_sparsity", str(bible / "bin"), "--path", str(checkpoint)],
+    report = subprocess.run([sys.executable, "-m", "fairseq_sparse.l0drop_pruned", str(bible / "bin"), "--path", str(checkpoint)],
                             capture_output=True, text=True, timeout=300, check=True).stdout
-    found = re.search(r"test: (\d+) of (\d+) source encodings pruned \(40 sentences\): sparsity rate ([\d.]+)%", report)
+    found = re.search(r"test: (\d+) of (\d+) source encodings pruned \(40 sentences\): ([\d.]+)% pruned", report)
     assert found, report
     assert int(found.group(1)) > 0 and float(found.group(3)) == pytest.approx(100 * int(found.group(1)) / int(found.group(2)), abs=0.01)
 

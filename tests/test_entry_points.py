@@ -30,7 +30,7 @@ def test_without_arguments_it_lists_the_entry_points(tmp_path):
     # the lines after the header (a summary may say "commands" too)
     listed = [line.split()[0] for line in result.stdout.split("\ncommands (python -m MODULE")[1].splitlines()[1:]]
     assert {"fairseq_sparse.evaluate", "fairseq_sparse.analysis", "fairseq_sparse.average_checkpoints",
-            "fairseq_sparse.l0drop_sparsity"} <= set(listed)
+            "fairseq_sparse.l0drop_pruned"} <= set(listed)
     assert all(importlib.util.find_spec(module) is not None for module in listed)
     assert run_module("--no-such-option", cwd=tmp_path).returncode == 2
 

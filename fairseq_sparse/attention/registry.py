@@ -106,39 +106,15 @@ class AttentionSpec:
 _REGISTRY: Dict[str, AttentionSpec] = {}
 
 
-def register_attention(
-    name: str,
-    uses_k: bool = False,
-    build_output_norm: Optional[Callable[[int, int], nn.Module]] = None,
-    build_head_params: Optional[Callable[[int], nn.Module]] = None,
-    uses_positions: bool = False,
-    self_attention_only: bool = False,
-    supports_key_counts: bool = False,
-    ties_to_first_key: bool = False,
-    selection: Optional[Callable] = None,
-    selection_reads_scores: bool = False,
-    selection_band: Optional[Callable[[int], int]] = None,
-):
-    """Decorator adding an attention function to the registry under ``name``."""
+def register_attention(name: str, **capabilities):
+    """Decorator adding an attention function to the registry under ``name``; ``capabilities``
+    are ``AttentionSpec``'s fields after ``fn`` (an unknown one is a TypeError)."""
 
     def wrap(fn):
         if name in _REGISTRY:
             raise ValueError(f"attention function {name!r} is registered twice")
-        _REGISTRY[name] = AttentionSpec(
-            name=name,
-            fn=fn,
-            uses_k=uses_k,
-            build_output_norm=build_output_norm,
-            build_head_params=build_head_params,
-            uses_positions=uses_positions,
-            self_attention_only=self_attention_only,
-            supports_key_counts=supports_key_counts,
-            ties_to_first_key=ties_to_first_key,
-            selection=selection,
-            selection_reads_scores=selection_reads_scores,
-            selection_band=selection_band,
-            description=(fn.__doc__ or "").strip().split("\n")[0],
-        )
+        description = (fn.__doc__ or "").strip().split("\n")[0]
+        _REGISTRY[name] = AttentionSpec(name=name, fn=fn, description=description, **capabilities)
         return fn
 
     return wrap

@@ -13,8 +13,8 @@ mean CE per target token + lambda x that rate. ``--l0-normalization`` chooses th
 Lambda values from the paper (0.1-1.5) mean the same with either.
 
 Logged in train and valid: ``l0_loss`` (expected open-gate rate per source token, before
-lambda; summed over the gated layers with --l0drop-every-layer), ``sparsity`` (closed gates
-g_hat = 0 / source tokens, the paper's definition) and ``l0_lambda`` (the current, possibly
+lambda; summed over the gated layers with --l0drop-every-layer), ``pruned`` (closed gates
+g_hat = 0 / source tokens, the paper's "sparsity rate"; logged as ``sparsity`` before) and ``l0_lambda`` (the current, possibly
 ramped, weight).
 """
 
@@ -145,7 +145,7 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
             open_gates = sum(float(log.get("l0_open", 0)) for log in logging_outputs)
             closed = sum(float(log.get("l0_closed", 0)) for log in logging_outputs)
             metrics.log_scalar("l0_loss", open_gates / src_tokens, src_tokens, round=4)
-            metrics.log_scalar("sparsity", closed / src_tokens, src_tokens, round=4)
+            metrics.log_scalar("pruned", closed / src_tokens, src_tokens, round=4)
         batches = sum(log.get("l0_batches", 0) for log in logging_outputs)
         if batches:
             weights = sum(float(log.get("l0_lambda", 0.0)) for log in logging_outputs)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Optional
 
-from fairseq_sparse.experiments.outputs import (attention_sparsity, best_valid_loss, bleu, decode_seconds, decode_speeds,
-                                                l0drop_sparsity, null_rate, trained_epochs, trained_params,
+from fairseq_sparse.experiments.outputs import (zero_weights, best_valid_loss, bleu, decode_seconds, decode_speeds,
+                                                encoder_outputs_pruned, null_rate, trained_epochs, trained_params,
                                                 train_words_per_second, training_seconds, valid_loss_per_epoch)
 
 if TYPE_CHECKING:  # only for annotations: the plan imports this registry
@@ -148,16 +148,16 @@ def valid_loss_at_epoch(plan, ds, row, col, seed, signatures):
     return losses[col.epoch]
 
 
-@register("sparsity", "l0drop")
-def encoder_outputs_pruned(plan, ds, row, col, seed, signatures):
+@register("pruned", "l0drop")
+def pruned_percent(plan, ds, row, col, seed, signatures):
     if not plan.prunes(ds, row):
         return 0.0  # nothing can be pruned: the paper's 0.00% of the baseline
-    return l0drop_sparsity(plan.l0drop_sparsity_step(ds, row, col, seed).output)
+    return encoder_outputs_pruned(plan.l0drop_pruned_step(ds, row, col, seed).output)
 
 
-@register("attn_sparsity", "attention")
-def attention_weights_zero(plan, ds, row, col, seed, signatures):
-    return attention_sparsity(plan.attention_step(ds, row, col, seed).output)
+@register("zero_weights", "attention")
+def zero_weights_percent(plan, ds, row, col, seed, signatures):
+    return zero_weights(plan.attention_step(ds, row, col, seed).output)
 
 
 @register("null_rate", "attention")

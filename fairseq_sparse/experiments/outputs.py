@@ -144,19 +144,22 @@ def best_valid_loss(log: Path) -> float:
     return min(logged_values(log, VALID_LOSS, "no validation line (training ran with --disable-validation?)"))
 
 
-def l0drop_sparsity(output: Path) -> float:
+def encoder_outputs_pruned(output: Path) -> float:
+    """% of source encodings pruned, from ``python -m fairseq_sparse.l0drop_pruned``'s output."""
     match = re.search(r"(\d+) of (\d+) source encodings pruned", output.read_text(encoding="utf-8"))
     if not match:
-        raise StepError(f"{output}: no sparsity line")
+        raise StepError(f"{output}: no line of pruned encodings")
     return 100.0 * int(match.group(1)) / max(int(match.group(2)), 1)
 
 
-def attention_sparsity(csv_path: Path) -> float:
+def zero_weights(csv_path: Path) -> float:
     """% of attention weights exactly 0, over every sublayer, layer and head."""
     with open(csv_path, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     weights = sum(int(r["weights"]) for r in rows)
-    return 100.0 * sum(float(r["sparsity"]) * int(r["weights"]) for r in rows) / max(weights, 1)
+    # the share column is "zero_weights"; files written before the rename call it "sparsity"
+    share = "zero_weights" if rows and "zero_weights" in rows[0] else "sparsity"
+    return 100.0 * sum(float(r[share]) * int(r["weights"]) for r in rows) / max(weights, 1)
 
 
 def null_rate(csv_path: Path) -> float:

@@ -13,6 +13,7 @@ from fairseq_sparse.experiments.arguments import merge_args
 from fairseq_sparse.experiments.errors import ConfigError
 from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.schema import Column, Dataset, Row, Table
+from fairseq_sparse.models.options import SparseModelOptions
 
 BIN = Path(sys.executable).parent
 USER_DIR = str(Path(__file__).resolve().parent.parent)  # the installed package: fairseq-train --user-dir
@@ -23,7 +24,7 @@ class Step:
     """One command and its output (a ``.done`` marker when it has no single output file); the
     runner's completion marker (``runner.completion_marker``) proves it ran to the end."""
 
-    kind: str  # prep | train | average | generate | speed | sparsity | attn_sparsity | heatmap
+    kind: str  # prep | train | average | generate | speed | pruned | zero_weights | heatmap
     argv: List[str]
     output: Path
     log: Path
@@ -152,8 +153,7 @@ class Plan:
 
     def prunes(self, ds: Dataset, row: Row) -> bool:
         """Whether the row's model removes encoder outputs (L0Drop gates or a rule-based pattern)."""
-        argv = self.train_argv(ds, row, 1)
-        return "--l0drop" in argv or "--encoder-prune-pattern" in argv
+        return SparseModelOptions.from_command_line(self.train_argv(ds, row, 1)).uses_gated_encoder
 
     def generate_args(self, ds: Dataset, row: Row, col: Column) -> List[str]:
         # smoke replaces the paper's decoding defaults, not what a table asks of one row or column (e.g. batch 1)
@@ -189,12 +189,12 @@ class Plan:
                     f"decode speed of {row.id} and {col.baseline} in turn on {ds.id} {col.split} (seed {seed})",
                     needs=tuple(self.model_key(ds, r, seed) for r in pair))
 
-    def l0drop_sparsity_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
+    def l0drop_pruned_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
         """The share of encoder outputs the row's gates or pattern prune on the column's split."""
-        out = self.out / "analysis" / ds.id / row.id / f"seed{seed}" / f"l0drop-sparsity.{col.split}.txt"
-        argv = [sys.executable, "-m", "fairseq_sparse.l0drop_sparsity", str(self.data_dir(ds) / "bin"),
+        out = self.out / "analysis" / ds.id / row.id / f"seed{seed}" / f"l0drop-pruned.{col.split}.txt"
+        argv = [sys.executable, "-m", "fairseq_sparse.l0drop_pruned", str(self.data_dir(ds) / "bin"),
                 "--path", str(self.checkpoint(ds, row, seed)), "--split", col.split, *(["--cpu"] if self.smoke else [])]
-        return Step("sparsity", argv, out, out, f"L0Drop sparsity of {row.id} on {ds.id} (seed {seed})",
+        return Step("pruned", argv, out, out, f"encoder outputs L0Drop prunes in {row.id} on {ds.id} (seed {seed})",
                     needs=(self.model_key(ds, row, seed),))
 
     def attention_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
@@ -206,8 +206,8 @@ class Plan:
         argv = [sys.executable, "-m", "fairseq_sparse.analysis", "sparsity", str(self.data_dir(ds) / "bin"),
                 "--path", str(self.checkpoint(ds, row, seed)), "--split", col.split, "--out", str(out),
                 "--model-overrides", overrides, *(["--cpu"] if self.smoke else [])]
-        return Step("attn_sparsity", argv, out / "sparsity.csv", base / f"attention-{col.split}{tag}.log",
-                    f"attention sparsity of {row.id} on {ds.id} (seed {seed})", needs=(self.model_key(ds, row, seed),))
+        return Step("zero_weights", argv, out / "sparsity.csv", base / f"attention-{col.split}{tag}.log",
+                    f"zero attention weights of {row.id} on {ds.id} (seed {seed})", needs=(self.model_key(ds, row, seed),))
 
     def model_overrides(self, ds: Dataset, row: Row) -> str:
         """The row's fairseq-generate --model-overrides (a reused model decoded otherwise), or "{}"."""
@@ -218,7 +218,7 @@ class Plan:
         """The commands whose output the column reads (none for numbers from the training log)."""
         source = MEASURES[col.measure].source
         if source == "l0drop":  # a model without gates or a pattern prunes nothing: no command
-            return [self.l0drop_sparsity_step(ds, row, col, seed)] if self.prunes(ds, row) else []
+            return [self.l0drop_pruned_step(ds, row, col, seed)] if self.prunes(ds, row) else []
         if source == "attention":
             return [self.attention_step(ds, row, col, seed)]
         if source == "speed":  # the baseline's speed relative to itself is 1 by definition: no command

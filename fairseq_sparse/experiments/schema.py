@@ -18,6 +18,8 @@ from fairseq_sparse.experiments.measures import MEASURES
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # shipped with the package
 PROFILES = ("paper", "smoke")
 METRICS = ("sacrebleu", "tokenized", "d_bleu")
+# measures under their former names: "sparsity" was both of these; configurations written before still load
+RENAMED_MEASURES = {"sparsity": "pruned", "attn_sparsity": "zero_weights"}
 
 
 def table_names(configs: Path = CONFIGS) -> List[str]:
@@ -182,6 +184,7 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
             raise ConfigError(f"{where}: dataset {c.dataset!r} is not among the table's datasets {sorted(datasets)}")
         if c.measure == "valid_bleu":  # an alias: BLEU on the validation set
             c.measure, c.split = "bleu", "valid"
+        c.measure = RENAMED_MEASURES.get(c.measure, c.measure)
         if c.measure not in MEASURES:
             raise ConfigError(f"{where}: unknown measure {c.measure!r}; known: {', '.join(['valid_bleu', *MEASURES])}")
         if c.metric not in METRICS:

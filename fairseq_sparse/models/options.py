@@ -127,6 +127,20 @@ class SparseModelOptions:
         options.validate()
         return options
 
+    @classmethod
+    def from_command_line(cls, argv: Sequence[str]) -> "SparseModelOptions":
+        """The options a ``fairseq-train`` command line gives its model, with what its architecture
+        (``--arch``) presets; options of fairseq's own are ignored."""
+        from fairseq.models import ARCH_CONFIG_REGISTRY  # filled as fairseq and this plugin register models
+
+        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        parser.add_argument("--arch", "-a", default="transformer_sparse")
+        cls.add_args(parser)
+        args, _ = parser.parse_known_args(list(argv))
+        if args.arch in ARCH_CONFIG_REGISTRY:
+            ARCH_CONFIG_REGISTRY[args.arch](args)
+        return cls.from_cfg(args)
+
     def validate(self) -> None:
         """Reject unknown function names, k <= 0 and conflicting options with one message each."""
         for sublayer in SUBLAYERS:

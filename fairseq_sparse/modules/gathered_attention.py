@@ -31,6 +31,8 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .selected_softmax import float32_gradients
+
 _NEG_INF = float("-inf")
 # Query chunks of the gathered path hold at most this many float32 entries each: the
 # (B x H x Tc x S) scores of a chunk that reads them, or its (B x H x Tc x n x d) gathered rows.
@@ -143,10 +145,8 @@ class GatheredSoftmax(torch.autograd.Function):
         plan = fctx.plan
         (key_rows, key_first, key_step), (value_rows, value_first, value_step) = as_rows(k), as_rows(v)
         key_rows, value_rows = key_rows.float(), value_rows.float()
-        grad_q = torch.empty_like(q, dtype=torch.float32, memory_format=torch.preserve_format)
-        grad_k = torch.zeros_like(k, dtype=torch.float32, memory_format=torch.preserve_format)
-        grad_v = torch.zeros_like(v, dtype=torch.float32, memory_format=torch.preserve_format)
-        # the gradients have the layouts of k and v (preserve_format), so their rows are numbered alike
+        grad_q, grad_k, grad_v = float32_gradients(q, k, v)
+        # the gradients have the layouts of k and v, so their rows are numbered alike
         grad_key_rows, grad_value_rows = as_rows(grad_k)[0], as_rows(grad_v)[0]
         for rows, indices, weights, keep in fctx.saved:
             key_index = (key_first + indices * key_step).expand(weights.shape)

@@ -12,7 +12,7 @@ rounding; tests/modules/test_fused_attention.py).
 """
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -35,6 +35,15 @@ def unpack_bits(packed: Tensor, width: int) -> Tensor:
     """The inverse of ``pack_bits`` for masks of ``width`` keys."""
     bits = (packed.unsqueeze(-1) & _BIT_VALUES.to(packed.device)) != 0
     return bits.reshape(*packed.shape[:-1], -1)[..., :width]
+
+
+def float32_gradients(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """Buffers for the gradients of q (each entry written once), k and v (summed into), in float32
+    whatever the inputs' dtype, with the inputs' layouts (fairseq's heads are permuted views)."""
+    grad_q = torch.empty_like(q, dtype=torch.float32, memory_format=torch.preserve_format)
+    grad_k = torch.zeros_like(k, dtype=torch.float32, memory_format=torch.preserve_format)
+    grad_v = torch.zeros_like(v, dtype=torch.float32, memory_format=torch.preserve_format)
+    return grad_q, grad_k, grad_v
 
 
 @dataclass
@@ -98,9 +107,7 @@ class SelectedSoftmaxInChunks(torch.autograd.Function):
         q, k, v = fctx.saved_tensors
         plan = fctx.plan
         recompute = fctx.saved_weights is None
-        grad_q = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        grad_k = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        grad_v = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        grad_q, grad_k, grad_v = float32_gradients(q, k, v)
         k32, v32 = k.float(), v.float()
         keep_scale = 1.0 / (1.0 - plan.dropout_p) if plan.dropout_p > 0 else 1.0
         for i, rows in enumerate(plan.rows):

@@ -350,7 +350,7 @@ def test_two_process_cpu_training(case, bible, tmp_path_factory):
     assert [strip(s) for s in inner0] == [strip(s) for s in inner1], "the ranks logged different statistics"
 
     # ... equal to reduce_metrics over the batches of both ranks, and not to rank 0's alone
-    metric_keys = ["loss", "nll_loss"] + (["l0_loss", "sparsity"] if criterion is L0DropCriterion else [])
+    metric_keys = ["loss", "nll_loss"] + (["l0_loss", "pruned"] if criterion is L0DropCriterion else [])
     discriminating = {"loss": False, "wpb": False}
     for update, stats in enumerate(inner0):
         local = [[e for e in record["local"] if e["update"] == update] for record in (rank0, rank1)]

@@ -252,7 +252,7 @@ def test_logged_lambda_is_an_average_of_summed_outputs():
         L0DropCriterion.reduce_metrics([summed])
         values = aggregator.get_smoothed_values()
     assert values["l0_lambda"] == pytest.approx(0.3)
-    assert values["l0_loss"] == pytest.approx(0.5) and values["sparsity"] == pytest.approx(0.2)
+    assert values["l0_loss"] == pytest.approx(0.5) and values["pruned"] == pytest.approx(0.2)
 
 
 def test_mask_pruned_hides_pruned_encodings_in_training_only():

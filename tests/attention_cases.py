@@ -36,7 +36,7 @@ CASES = {
     "rela_g_layernorm": Case(null_attention=True, output_norm=True),
     "rela_g_gelu": Case(output_norm=True),
     "rela_g_leaky_relu": Case(output_norm=True),
-    # Structured patterns (fairseq_sparse/attention/structured.py); k=3 leaves some keys out.
+    # Structured patterns (fairseq_sparse/core/attention/structured.py); k=3 leaves some keys out.
     "block": Case(self_only=True),
     "window": Case(self_only=True),
     "dilated": Case(self_only=True),

@@ -112,7 +112,7 @@ def test_fairseq_interactive(bible, softmax_checkpoint):
 
 
 def test_hub_interface_with_overrides(bible, softmax_checkpoint):
-    from fairseq_sparse.models.sparse_transformer import SparseTransformerModel
+    from fairseq_sparse.core.models.sparse_transformer import SparseTransformerModel
 
     hub = SparseTransformerModel.from_pretrained(
         str(softmax_checkpoint), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(bible / "bin"),

@@ -41,5 +41,5 @@ def test_hub_class_is_exported_at_the_top_level():
             "assert MODEL_REGISTRY['transformer_sparse'] is M and callable(M.from_pretrained); print(M.__module__)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "fairseq_sparse.models.sparse_transformer"
+    assert result.stdout.strip() == "fairseq_sparse.core.models.sparse_transformer"
     assert "SparseTransformerModel" in fairseq_sparse.__all__

@@ -1,5 +1,6 @@
-"""The package's layout rules: imports go one way (no cycle, function-level imports included),
-the table runner stays in small files, and the checkout's top-level folders hold no logic."""
+"""The package's layout rules: the plugin's core (what --user-dir loads) imports nothing of the
+tools around it, imports go one way (no cycle, function-level imports included), every file stays
+small, no hook carries data between modules, and the checkout's top-level folders hold no logic."""
 
 import ast
 from pathlib import Path
@@ -95,10 +96,30 @@ def test_no_import_cycle_in_the_package():
     assert cycles(import_graph()) == []
 
 
-def test_table_runner_files_stay_small():
-    for path in (PACKAGE / "experiments").glob("*.py"):
-        lines = len(path.read_text(encoding="utf-8").splitlines())
-        assert lines <= 300, f"{path.name}: {lines} lines"
+def test_every_file_of_the_package_stays_small():
+    sizes = {str(path.relative_to(PACKAGE)): len(path.read_text(encoding="utf-8").splitlines())
+             for path in PACKAGE.rglob("*.py")}
+    assert {name: lines for name, lines in sizes.items() if lines > 300} == {}
+
+
+def test_the_core_imports_nothing_of_the_tools_around_it():
+    """fairseq_sparse.core is the plugin fairseq loads; data, experiments, bench, analysis and the
+    commands build on it, never the other way round. The package's __init__ (what --user-dir runs)
+    imports the core only."""
+    graph = import_graph()
+    core = {name for name in graph if name == "fairseq_sparse.core" or name.startswith("fairseq_sparse.core.")}
+    assert core, "no fairseq_sparse.core"
+    outward = {name: sorted(target for target in graph[name] if target not in core) for name in core}
+    assert {name: targets for name, targets in outward.items() if targets} == {}
+    assert graph["fairseq_sparse"] <= core, sorted(graph["fairseq_sparse"] - core)
+
+
+def test_no_hook_carries_data_between_modules():
+    """The core passes data as arguments and return values; forward hooks belong to the analysis
+    tools, which observe a model from outside."""
+    for path in (PACKAGE / "core").rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "register_forward_hook" not in text and "register_forward_pre_hook" not in text, path
 
 
 def test_checkout_entry_points_hold_no_logic():
@@ -110,8 +131,9 @@ def test_checkout_entry_points_hold_no_logic():
 
 
 def test_test_folders_mirror_the_package():
-    folders = [d for d in (ROOT / "tests").iterdir() if d.is_dir() and d.name not in ("fixtures", "__pycache__")]
-    assert folders and all((ROOT / "fairseq_sparse" / d.name).is_dir() for d in folders), folders
+    tests = ROOT / "tests"
+    folders = [d for d in tests.rglob("*") if d.is_dir() and not {"fixtures", "__pycache__"} & set(d.relative_to(tests).parts)]
+    assert folders and all((PACKAGE / d.relative_to(tests)).is_dir() for d in folders), folders
     # pytest's default import mode puts each test folder on sys.path: test file names must differ
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert len(names) == len(set(names))

@@ -1,8 +1,10 @@
 """Attention analysis for fairseq-sparse checkpoints (``python -m fairseq_sparse.analysis``).
 
-Each metric is a plain function on tensors (``sparsity``, ``diversity``, ``alignment``,
+Each metric is a plain function on tensors (``zero_weights``, ``diversity``, ``alignment``,
 ``l0drop_stats``); ``collect`` runs teacher-forced passes and records per-head attention;
-``report`` writes Markdown, CSV and PNG; ``cli`` wires them into subcommands.
+each subcommand's computation over a split is in ``head_stats`` (zero weights, diversity),
+``alignment_error`` (aer), ``pruning`` (l0drop) or ``heatmap``; ``pages`` writes their Markdown,
+CSV and PNG (with ``report``'s tables and plots); ``cli`` parses the command line and dispatches.
 """
 
-from fairseq_sparse.models.options import SUBLAYERS  # noqa: F401  (encoder self-, decoder self-, cross)
+from fairseq_sparse.core.models.options import SUBLAYERS  # noqa: F401  (encoder self-, decoder self-, cross)

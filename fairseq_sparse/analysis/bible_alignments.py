@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from fairseq_sparse.data.common import cache_dir
+from fairseq_sparse.data.download import cache_dir
 
 PACKAGE = "bible-alignments==0.4.2"
 ALIGNMENTS = "data/eng/alignments/BSB/SBLGNT-BSB-manual.json"

@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..modules.sparse_multihead_attention import SparseMultiheadAttention
+from ..core.modules.sparse_multihead_attention import SparseMultiheadAttention
 from . import SUBLAYERS
 
 
@@ -192,3 +192,8 @@ def _run(model, dataset, items, pad, cpu, utils) -> BatchAttention:
     if not cpu:
         sample = utils.move_to_cuda(sample)
     return run_batch(model, sample, pad)
+
+
+def pieces(dictionary, tokens: Tensor) -> List[str]:
+    """The strings (subword pieces) of ``tokens``."""
+    return [dictionary[int(t)] for t in tokens]

@@ -7,7 +7,7 @@ that are not probability distributions (ReLA) are re-normalised by
 softmax(alpha ** tau) over the valid keys, and a null row (all weights 0) becomes a
 one-hot distribution on an extra dummy slot (a zero vector; entropy 0).
 
-Shapes: weights (H, B, T, S); valid (B, T, S) bool as in ``sparsity``.
+Shapes: weights (H, B, T, S); valid (B, T, S) bool as in ``zero_weights``.
 """
 
 import torch

@@ -1,5 +1,5 @@
 """Shared pieces of the benchmarks in ``fairseq_sparse.bench``: batches, models, interleaved timing,
-forced-length decoding, L0Drop gates set to a chosen sparsity, and stock fairseq's own
+forced-length decoding, L0Drop gates set to prune a chosen share, and stock fairseq's own
 Transformer with a plugin model's weights (the ``fairseq`` reference row).
 
 Timings are never asserted in tests; these helpers only measure.
@@ -19,8 +19,8 @@ from fairseq.data.data_utils import collate_tokens
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_sparse.models.options import SUBLAYERS
-from fairseq_sparse.modules.l0drop import GAMMA, ZETA
+from fairseq_sparse.core.models.options import SUBLAYERS
+from fairseq_sparse.core.modules.l0drop import GAMMA, ZETA
 
 # Where each method runs: its paper's placement (hard retrieval: decoder self + cross).
 PLACEMENT = {"hard": ("decoder", "cross")}
@@ -58,7 +58,7 @@ def placement(fn: str, self_only: bool) -> Tuple[str, ...]:
 
 def row_sublayers(row: str) -> Tuple[str, ...]:
     """Sublayers a benchmark row runs its attention function in (the ``l0drop`` row: softmax everywhere)."""
-    from fairseq_sparse.attention import get_attention
+    from fairseq_sparse.core.attention import get_attention
 
     if row == L0DROP:
         return SUBLAYERS
@@ -122,7 +122,7 @@ def build(arch: str, dictionary: Dictionary, seed: int, device: str, **options):
 
 
 def build_row(row: str, arch: str, dictionary: Dictionary, seed: int, device: str, k: int,
-              batch: Dict[str, torch.Tensor], sparsity: float):
+              batch: Dict[str, torch.Tensor], pruned: float):
     """The model of one benchmark row and, for ``l0drop``, the fraction of ``batch``'s encodings it prunes.
 
     An attention function runs in ``row_sublayers(row)``; the ``l0drop`` row is the softmax
@@ -130,7 +130,7 @@ def build_row(row: str, arch: str, dictionary: Dictionary, seed: int, device: st
     """
     if row == L0DROP:
         model = build(arch, dictionary, seed, device, l0drop=True)
-        return model, prune_fraction(model, batch, sparsity, seed)
+        return model, prune_fraction(model, batch, pruned, seed)
     return build(arch, dictionary, seed, device, attn_k=k, **{f"{s}_attn_fn": row for s in row_sublayers(row)}), None
 
 
@@ -277,13 +277,13 @@ def interleaved_medians(jobs: Dict[str, Callable[[], None]], repeats: int, devic
 CLOSING_LOG_ALPHA = -math.log((ZETA - GAMMA) / -GAMMA - 1)
 
 
-def prune_fraction(model, batch: Dict[str, torch.Tensor], sparsity: float, seed: int) -> float:
-    """Set random L0Drop gate weights and a bias that closes ``sparsity`` of the batch's encodings.
+def prune_fraction(model, batch: Dict[str, torch.Tensor], pruned: float, seed: int) -> float:
+    """Set random L0Drop gate weights and a bias that closes the share ``pruned`` of the batch's encodings.
 
-    The bias is a quantile of log alpha over the batch's real tokens: the sparsity a trained
+    The bias is a quantile of log alpha over the batch's real tokens: the share a trained
     model would reach, without training one. Returns the fraction actually closed.
     """
-    from fairseq_sparse.models.sparse_layers import SparseTransformerEncoder
+    from fairseq_sparse.core.models.sparse_layers import SparseTransformerEncoder
 
     gate = model.encoder.l0drop_gate.log_alpha
     gen = torch.Generator().manual_seed(seed)
@@ -294,7 +294,7 @@ def prune_fraction(model, batch: Dict[str, torch.Tensor], sparsity: float, seed:
         encoded = SparseTransformerEncoder.forward(model.encoder.eval(), batch["src_tokens"], batch["src_lengths"])
         real = batch["src_tokens"].ne(model.encoder.padding_idx).t()
         scores = gate(encoded["encoder_out"][0]).squeeze(-1)[real]
-        gate.bias.fill_(CLOSING_LOG_ALPHA - torch.quantile(scores.float(), sparsity).item())
+        gate.bias.fill_(CLOSING_LOG_ALPHA - torch.quantile(scores.float(), pruned).item())
         closed = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])["l0drop_closed"][0]
     model.train(was_training)
     return closed.sum().item() / real.sum().item()

@@ -24,7 +24,7 @@ from typing import Dict, List
 import torch
 
 import fairseq_sparse  # noqa: F401
-from fairseq_sparse.attention import attention_names
+from fairseq_sparse.core.attention import attention_names
 from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, build, build_row, build_stock_reference,
                                          make_batch, random_sentences, row_sublayers, synthetic_dictionary)
 
@@ -42,7 +42,7 @@ def parse_args(argv=None):
     parser.add_argument("--src-len", type=int, default=24, help="max length of the random sentences (min is half)")
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--sparsity", type=float, default=0.45, help="fraction of source encodings the L0Drop rows prune")
+    parser.add_argument("--pruned", "--sparsity", type=float, default=0.45, help="fraction of source encodings the L0Drop rows prune")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest max abs logit difference that passes")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
@@ -58,17 +58,17 @@ def parse_args(argv=None):
 
 
 def cpu_model(row: str, args, dictionary, batch):
-    """The row's model on the CPU (L0Drop gates set to prune ``--sparsity`` of the batch)."""
+    """The row's model on the CPU (L0Drop gates set to prune ``--pruned`` of the batch)."""
     if row == FAIRSEQ:
-        softmax, _ = build_row("softmax", args.arch, dictionary, args.seed, "cpu", args.k, batch, args.sparsity)
+        softmax, _ = build_row("softmax", args.arch, dictionary, args.seed, "cpu", args.k, batch, args.pruned)
         return build_stock_reference(args.arch, softmax, dictionary, args.seed, "cpu")
     if row == L0DROP_EVERY_LAYER:
         from fairseq_sparse.bench.common import prune_fraction
 
         model = build(args.arch, dictionary, args.seed, "cpu", l0drop=True, l0drop_every_layer=True)
-        prune_fraction(model, batch, args.sparsity, args.seed)
+        prune_fraction(model, batch, args.pruned, args.seed)
         return model
-    return build_row(row, args.arch, dictionary, args.seed, "cpu", args.k, batch, args.sparsity)[0]
+    return build_row(row, args.arch, dictionary, args.seed, "cpu", args.k, batch, args.pruned)[0]
 
 
 def describe(row: str) -> str:

@@ -12,7 +12,7 @@ the concatenated head outputs); the dot products q.k and the weights x values pr
 are the same in both models and are not in it. Its own figures: H = 8, d = 512,
 T = 100: 239K vs 592K; T = 1000: 23.99M vs 13.12M.
 
-The counted forward runs the registered functions (``fairseq_sparse.attention``:
+The counted forward runs the registered functions (``fairseq_sparse.core.attention``:
 ``softmax``, ``rela_g``, and for ``rela_g`` the gated RMSNorm module the registry builds)
 on scores (1, H, T, T) and values (1, H, T, d/H), as ``SparseMultiheadAttention`` calls
 them, under a ``TorchDispatchMode`` that sees every aten op and counts FLOPs with this
@@ -53,7 +53,7 @@ from torch._decomp import decomposition_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fairseq_sparse  # noqa: F401  (registers the attention functions)
-from fairseq_sparse.attention import AttentionContext, get_attention
+from fairseq_sparse.core.attention import AttentionContext, get_attention
 
 aten = torch.ops.aten
 

@@ -3,14 +3,14 @@
 
 For subword-like and character-like inputs (different vocabulary and sentence
 lengths), one run builds a softmax Transformer and the same model with L0Drop gates
-(identical shared weights), sets the gates so that ``--sparsity`` of the source
-encodings are pruned (by a quantile of log alpha over the batch: the same sparsity
+(identical shared weights), sets the gates so that ``--pruned`` of the source
+encodings are pruned (by a quantile of log alpha over the batch: the same share
 a trained model would reach, without training one), and times forced-length beam
 search (min_len = max_len) of the three, interleaved, median of ``--repeats``.
 (``fairseq_sparse.bench.run`` has the compressed model as its ``l0drop`` row, against every
 attention function.)
 
-    python -m fairseq_sparse.bench.l0drop                       # CPU, both levels, 45% sparsity
+    python -m fairseq_sparse.bench.l0drop                       # CPU, both levels, 45% pruned
     python -m fairseq_sparse.bench.l0drop --device cuda --batch-size 32 --arch transformer_sparse
 
 Timings are not tests: this script asserts nothing.
@@ -36,7 +36,7 @@ LEVELS = {"subword": (8000, 32, 30), "char": (300, 160, 150)}
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", nargs="+", choices=sorted(LEVELS), default=["subword", "char"])
-    parser.add_argument("--sparsity", type=float, default=0.45, help="fraction of source encodings pruned")
+    parser.add_argument("--pruned", "--sparsity", type=float, default=0.45, help="fraction of source encodings pruned")
     parser.add_argument("--arch", default="transformer_sparse_iwslt_de_en")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--batch-size", type=int, default=16)
@@ -58,7 +58,7 @@ def main(argv=None):
         batch, _ = make_batch(sources, sources, dictionary, args.device)
         baseline = build(args.arch, dictionary, args.seed, args.device)
         gated = build(args.arch, dictionary, args.seed, args.device, l0drop=True)
-        achieved = prune_fraction(gated, batch, args.sparsity, args.seed)
+        achieved = prune_fraction(gated, batch, args.pruned, args.seed)
         decode_baseline = forced_length_decoder(baseline, dictionary, args.beam, steps)
         decode_gated = forced_length_decoder(gated, dictionary, args.beam, steps)
 
@@ -69,14 +69,14 @@ def main(argv=None):
             return job
 
         logger.info(f"{level}: {len(sources)} sentences of {src_len // 2}-{src_len} tokens, {steps} steps, "
-                    f"sparsity {achieved:.1%}")
+                    f"pruned {achieved:.1%}")
         seconds = interleaved_medians(
             {"baseline": lambda: decode_baseline(batch), "uncompressed": with_compression(False), "compressed": with_compression(True)},
             args.repeats, args.device, log=logger.info,
         )
         rows.append((level, achieved, seconds, len(sources)))
 
-    print("\n| input | sparsity | baseline sent/s | uncompressed / baseline | compressed / baseline | compressed / uncompressed |")
+    print("\n| input | pruned | baseline sent/s | uncompressed / baseline | compressed / baseline | compressed / uncompressed |")
     print("|---|---:|---:|---:|---:|---:|")
     for level, achieved, s, n in rows:
         print(f"| {level} | {achieved:.1%} | {n / s['baseline']:.2f} | {s['baseline'] / s['uncompressed']:.2f}x | "

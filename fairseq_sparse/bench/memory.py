@@ -41,9 +41,9 @@ from fairseq.modules import MultiheadAttention
 from torch.profiler import ProfilerActivity, profile
 
 import fairseq_sparse  # noqa: F401  (registers the functions)
-from fairseq_sparse.attention import attention_names, get_attention
+from fairseq_sparse.core.attention import attention_names, get_attention
 from fairseq_sparse.bench.common import FAIRSEQ
-from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
+from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 
 DEFAULT_FUNCTIONS = ["softmax", "topk", "block", "window", "dilated", "global", "random", "bigbird", "topk_oow"]
 REFERENCES = (FAIRSEQ, "softmax")

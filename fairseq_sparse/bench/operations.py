@@ -18,7 +18,8 @@ import argparse
 
 import torch
 
-from fairseq_sparse.attention.functions import masked_softmax, retrieve_rows
+from fairseq_sparse.core.attention.functions import masked_softmax
+from fairseq_sparse.core.attention.hard_retrieval import retrieve_rows
 from fairseq_sparse.bench.common import interleaved_medians
 
 PAPER_SECONDS = {"compare": (14.40, 14.40), "normalise / argmax": (6.22, 2.10), "attend / index": (12.26, 2.93)}

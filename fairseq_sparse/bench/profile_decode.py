@@ -39,7 +39,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import fairseq_sparse  # noqa: F401
 from fairseq_sparse.bench.common import build_row, forced_length_decoder, make_batch, random_sentences, synthetic_dictionary
-from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
+from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 
 logging.basicConfig(level=logging.WARNING, force=True)
 REGIONS = ["attention fn", "output norm", "attention sublayers", "encoder", "decoder", "log-probs"]
@@ -76,7 +76,7 @@ def main(argv=None):
     parser.add_argument("--src-len", type=int, default=30)
     parser.add_argument("--decode-len", type=int, default=30)
     parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--sparsity", type=float, default=0.45)
+    parser.add_argument("--pruned", "--sparsity", type=float, default=0.45)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--top", type=int, default=0, help="also print the N aten ops with the most self time")
@@ -96,7 +96,7 @@ def main(argv=None):
              "|---|---:|" + "---:|" * (len(REGIONS) + 2)]
     tops = []
     for row in args.functions:
-        model, _ = build_row(row, args.arch, dictionary, args.seed, args.device, args.k, batch, args.sparsity)
+        model, _ = build_row(row, args.arch, dictionary, args.seed, args.device, args.k, batch, args.pruned)
         instrument(model)
         decode = forced_length_decoder(model, dictionary, args.beam, args.decode_len)
         decode(batch)  # warm-up

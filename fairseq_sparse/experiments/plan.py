@@ -13,7 +13,7 @@ from fairseq_sparse.experiments.arguments import merge_args
 from fairseq_sparse.experiments.errors import ConfigError
 from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.schema import Column, Dataset, Row, Table
-from fairseq_sparse.models.options import SparseModelOptions
+from fairseq_sparse.core.models.options import SparseModelOptions
 
 BIN = Path(sys.executable).parent
 USER_DIR = str(Path(__file__).resolve().parent.parent)  # the installed package: fairseq-train --user-dir
@@ -203,10 +203,10 @@ class Plan:
         overrides = self.model_overrides(ds, row)
         tag = "" if overrides == "{}" else "." + hashlib.sha1(overrides.encode()).hexdigest()[:8]
         out = base / f"attention-{col.split}{tag}"
-        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "sparsity", str(self.data_dir(ds) / "bin"),
+        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "zero-weights", str(self.data_dir(ds) / "bin"),
                 "--path", str(self.checkpoint(ds, row, seed)), "--split", col.split, "--out", str(out),
                 "--model-overrides", overrides, *(["--cpu"] if self.smoke else [])]
-        return Step("zero_weights", argv, out / "sparsity.csv", base / f"attention-{col.split}{tag}.log",
+        return Step("zero_weights", argv, out / "zero_weights.csv", base / f"attention-{col.split}{tag}.log",
                     f"zero attention weights of {row.id} on {ds.id} (seed {seed})", needs=(self.model_key(ds, row, seed),))
 
     def model_overrides(self, ds: Dataset, row: Row) -> str:

@@ -1,4 +1,4 @@
-"""Running a plan: each command as a subprocess with its log in a file, finished ones skipped;
+"""Running a plan: each command (``command.run_command``) with its log in a file, finished ones skipped;
 ``--dry-run`` parses every command with its tool's own parser instead.
 
 A step is finished when its completion marker exists, and runs under a lock of its own
@@ -12,13 +12,12 @@ import importlib
 import importlib.util
 import re
 import shlex
-import subprocess
 import sys
-import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from fairseq_sparse.experiments.command import run_command
 from fairseq_sparse.experiments.completion import completion_marker, done, step_lock, write_atomically
 from fairseq_sparse.experiments.errors import ConfigError, StepError
 from fairseq_sparse.experiments.machine import SharedMachine, sigterm_as_exit
@@ -38,7 +37,7 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
 
-PROGRESS = re.compile(r"\| (train_inner|train|valid) \||Translated \d|averaged \d|binarised data|pairs|sparsity rate")
+PROGRESS = re.compile(r"\| (train_inner|train|valid) \||Translated \d|averaged \d|binarised data|pairs|encodings pruned")
 
 
 def _prefix(index: int, machine: Optional[SharedMachine]) -> str:
@@ -60,40 +59,30 @@ def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine
         return _run_locked(step, prefix, machine)
 
 
+def _progress(prefix: str) -> Callable[[str], None]:
+    """What prints a command's progress lines (epochs, validation, decoding) to the console."""
+    def show(line: str) -> None:
+        if PROGRESS.search(line):  # drop fairseq's "date time | INFO | logger |" prefix
+            print(f"{prefix}{line.rstrip().split(' | ')[-1][:200]}", flush=True)
+    return show
+
+
 def _run_locked(step: Step, prefix: str, machine: Optional[SharedMachine]) -> float:
-    start = time.time()
+    # the report says which training times are a shared machine's
+    mark = f"{SIDE_BY_SIDE_MARK} (OMP_NUM_THREADS={machine.threads})\n" if machine and step.kind == "train" else ""
     # a training run cut short resumes from its checkpoint_last.pt (fairseq's default): keep its log's
-    # earlier epochs (validation losses, wall time) by appending. Line-buffered: a run killed with the
-    # machine (the study between sittings) otherwise loses its last few kB, an epoch's validation line
-    with open(step.log, "a" if step.kind == "train" else "w", buffering=1, encoding="utf-8") as log:
-        if machine:
-            if step.kind == "train":  # the report says which training times are a shared machine's
-                log.write(f"{SIDE_BY_SIDE_MARK} (OMP_NUM_THREADS={machine.threads})\n")
-            proc = machine.launch(step.argv)
-        else:
-            proc = subprocess.Popen(step.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            for line in proc.stdout:
-                log.write(line)
-                if PROGRESS.search(line):  # drop fairseq's "date time | INFO | logger |" prefix
-                    print(f"{prefix}{line.rstrip().split(' | ')[-1][:200]}", flush=True)
-            status = proc.wait()
-        except BaseException:  # the runner interrupted (Ctrl-C, kill): leave no command behind
-            proc.terminate()
-            raise
-        finally:
-            if machine:
-                machine.finished(proc)
-    if status != 0:
-        raise StepError(f"{step.label} failed (exit status {status}); command:\n  {shlex.join(step.argv)}\n"
+    # earlier epochs (validation losses, wall time) by appending
+    finished = run_command(step.argv, step.log, append=step.kind == "train", header=mark, on_line=_progress(prefix),
+                           machine=machine)
+    if finished.returncode != 0:
+        raise StepError(f"{step.label} failed (exit status {finished.returncode}); command:\n  {shlex.join(step.argv)}\n"
                         f"last lines of {step.log}:\n{_tail(step.log)}")
     marker = completion_marker(step)
     if marker != step.output and not step.output.exists():
         raise StepError(f"{step.label} finished but {step.output} is missing; log: {step.log}")
     write_atomically(marker, "ok\n")
-    elapsed = time.time() - start
-    print(f"{prefix}done in {elapsed:.0f}s" + (f" ({step.label})" if machine else ""), flush=True)
-    return elapsed
+    print(f"{prefix}done in {finished.seconds:.0f}s" + (f" ({step.label})" if machine else ""), flush=True)
+    return finished.seconds
 
 
 def execute(plan: Plan, steps: List[Step], jobs: int = 1, finished: Callable[[], None] = lambda: None,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_sparse.analysis import alignment, diversity, l0drop_stats, postags, sparsity
+from fairseq_sparse.analysis import alignment, diversity, l0drop_stats, postags, zero_weights
 from fairseq_sparse.analysis.cli import main
 from fairseq_sparse.analysis.collect import AttentionRecorder, valid_masks
 from helpers import TINY_SRC, TINY_TRAIN, build_model, random_batch, run_in_process, tiny_bitext
@@ -19,20 +19,20 @@ from helpers import TINY_SRC, TINY_TRAIN, build_model, random_batch, run_in_proc
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# ---------------------------------------------------------------- sparsity / null rate
+# ---------------------------------------------------------------- zero weights / null rate
 
-def test_one_hot_row_has_sparsity_n_minus_1_over_n():
+def test_one_hot_row_has_zero_weights_n_minus_1_over_n():
     n = 5
     w = torch.zeros(1, 1, 1, n)
     w[..., 2] = 1.0
-    zeros, total = sparsity.sparsity_counts(w, torch.ones(1, 1, n, dtype=torch.bool))
-    assert float(sparsity.rate(zeros, total)[0]) == pytest.approx((n - 1) / n)
+    zeros, total = zero_weights.zero_weight_counts(w, torch.ones(1, 1, n, dtype=torch.bool))
+    assert float(zero_weights.rate(zeros, total)[0]) == pytest.approx((n - 1) / n)
 
 
-def test_sparsity_counts_only_valid_keys():
+def test_zero_weights_count_only_valid_keys():
     w = torch.tensor([[[[0.5, 0.5, 0.0, 0.0]]]])  # keys 2, 3 are padding
     valid = torch.tensor([[[True, True, False, False]]])
-    zeros, total = sparsity.sparsity_counts(w, valid)
+    zeros, total = zero_weights.zero_weight_counts(w, valid)
     assert zeros.tolist() == [0] and total.tolist() == [2]
 
 
@@ -40,11 +40,11 @@ def test_null_rate_of_an_all_zero_row_is_one_and_padding_queries_do_not_count():
     w = torch.zeros(2, 1, 2, 3)
     w[1, 0, 0, 1] = 0.3  # head 1, query 0 attends
     valid = torch.ones(1, 2, 3, dtype=torch.bool)
-    null, queries = sparsity.null_counts(w, valid)
-    assert sparsity.rate(null, queries).tolist() == [1.0, 0.5]
+    null, queries = zero_weights.null_counts(w, valid)
+    assert zero_weights.rate(null, queries).tolist() == [1.0, 0.5]
     valid[0, 1] = False  # query 1 is padding
-    null, queries = sparsity.null_counts(w, valid)
-    assert sparsity.rate(null, queries).tolist() == [1.0, 0.0]
+    null, queries = zero_weights.null_counts(w, valid)
+    assert zero_weights.rate(null, queries).tolist() == [1.0, 0.0]
 
 
 def test_peak_share_is_the_largest_weights_share_over_attending_queries_only():
@@ -56,11 +56,11 @@ def test_peak_share_is_the_largest_weights_share_over_attending_queries_only():
     valid[0, 0, 2] = False
     valid[0, 2] = False  # query 2 is padding; query 1 of head 0 is null
     w[:, 0, 2] = 1.0
-    shares, attending = sparsity.peak_share_sums(w, valid)
+    shares, attending = zero_weights.peak_share_sums(w, valid)
     assert attending.tolist() == [1, 2]
-    assert sparsity.rate(shares, attending).tolist() == pytest.approx([0.5 / 0.8, (0.5 + 1.0) / 2])
-    shares, attending = sparsity.peak_share_sums(w.half(), valid)
-    assert sparsity.rate(shares, attending).tolist() == pytest.approx([0.5 / 0.8, 0.75], rel=1e-3)
+    assert zero_weights.rate(shares, attending).tolist() == pytest.approx([0.5 / 0.8, (0.5 + 1.0) / 2])
+    shares, attending = zero_weights.peak_share_sums(w.half(), valid)
+    assert zero_weights.rate(shares, attending).tolist() == pytest.approx([0.5 / 0.8, 0.75], rel=1e-3)
 
 
 # ---------------------------------------------------------------- diversity
@@ -234,11 +234,11 @@ def _csv(path):
 def test_analysis_command_end_to_end(tiny, tmp_path):
     data, rela, l0 = tiny / "bin", tiny / "ckpt" / "checkpoint_last.pt", tiny / "ckpt" / "checkpoint_sharp.pt"
     out = tmp_path / "out"
-    rows = main(["sparsity", str(data), "--path", str(rela), "--out", str(out), "--cpu"])
-    assert len(rows) == 3 * 2 * 2 and all(0.0 <= r["sparsity"] <= 1.0 and 0.0 <= r["null_rate"] <= 1.0 for r in rows)
+    rows = main(["zero-weights", str(data), "--path", str(rela), "--out", str(out), "--cpu"])
+    assert len(rows) == 3 * 2 * 2 and all(0.0 <= r["zero_weights"] <= 1.0 and 0.0 <= r["null_rate"] <= 1.0 for r in rows)
     assert all(0.0 <= r["peak_share"] <= 1.0 + 1e-6 for r in rows)
-    assert (out / "sparsity.md").read_text().startswith("# Sparsity") and (out / "sparsity.png").stat().st_size > 0
-    assert len(_csv(out / "sparsity.csv")) == 12
+    assert (out / "zero_weights.md").read_text().startswith("# Sparsity") and (out / "zero_weights.png").stat().st_size > 0
+    assert len(_csv(out / "zero_weights.csv")) == 12
 
     rows = main(["diversity", str(data), "--path", str(rela), "--out", str(out), "--tau", "1", "0.5", "--cpu"])
     assert len(rows) == 2 * 3 * 2 and all(r["renormalised"] and r["js_divergence"] >= -1e-9 for r in rows)
@@ -267,12 +267,12 @@ def test_analysis_command_end_to_end(tiny, tmp_path):
 def test_analysis_runs_the_model_in_half_precision(tiny, tmp_path, dtype):
     data, rela, l0 = tiny / "bin", tiny / "ckpt" / "checkpoint_last.pt", tiny / "ckpt" / "checkpoint_sharp.pt"
     out = tmp_path / "out"
-    full = main(["sparsity", str(data), "--path", str(rela), "--out", str(tmp_path / "f32"), "--cpu"])
-    rows = main(["sparsity", str(data), "--path", str(rela), "--out", str(out), "--cpu", "--dtype", dtype])
+    full = main(["zero-weights", str(data), "--path", str(rela), "--out", str(tmp_path / "f32"), "--cpu"])
+    rows = main(["sparsity", str(data), "--path", str(rela), "--out", str(out), "--cpu", "--dtype", dtype])  # the former name
     assert len(rows) == len(full)
     for half, single in zip(rows, full):  # the same sublayers, close statistics
         assert (half["sublayer"], half["layer"], half["head"]) == (single["sublayer"], single["layer"], single["head"])
-        assert abs(half["sparsity"] - single["sparsity"]) <= 0.1
+        assert abs(half["zero_weights"] - single["zero_weights"]) <= 0.1
     result = main(["l0drop", str(data), "--path", str(l0), "--out", str(out), "--cpu", "--dtype", dtype])
     assert result["has_gates"] and result["types"]
     written = main(["heatmap", str(data), "--path", str(rela), "--sentences", "0", "--out", str(out), "--cpu", "--dtype", dtype])
@@ -286,7 +286,7 @@ def test_module_entry_point_help(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         runpy.run_module("fairseq_sparse.analysis", run_name="__main__")
     out = capsys.readouterr().out
-    assert exit_.value.code == 0 and "sparsity" in out and "bible-alignments" in out
+    assert exit_.value.code == 0 and "zero-weights" in out and "bible-alignments" in out
 
 
 # ---------------------------------------------------------------- user errors and output
@@ -312,7 +312,7 @@ def test_checkpoints_it_cannot_analyse_are_one_clear_error(tiny, tmp_path):
     page.write_text("<!DOCTYPE html>\n<html><body>404 Not Found</body></html>\n")
     with pytest.raises(SystemExit) as exit_:
         main(["sparsity", str(tiny / "bin"), "--path", str(page), "--out", str(tmp_path), "--cpu"])
-    assert str(exit_.value.code).startswith(f"analysis sparsity: error: {page} is not a PyTorch checkpoint: it is an HTML page")
+    assert str(exit_.value.code).startswith(f"analysis zero-weights: error: {page} is not a PyTorch checkpoint: it is an HTML page")
     # fairseq's own transformer: attention modules the analyses cannot read
     run_in_process("fairseq-train", tiny / "bin", *TINY_TRAIN, "--arch", "transformer", "--save-dir", tmp_path / "stock")
     stock = tmp_path / "stock" / "checkpoint_last.pt"

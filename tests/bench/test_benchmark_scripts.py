@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_sparse.attention import attention_names
+from fairseq_sparse.core.attention import attention_names
 
 ROOT = Path(__file__).resolve().parents[2]
 # One intra-op thread: the smoke tests must not depend on (or fight over) the machine's cores.

@@ -374,16 +374,16 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
     assert all("(seed 3)" in label or label.startswith("prepare ") for label in third)
     # --rows: one row's cells, with the baseline model its delta needs, and nothing of the baseline's own cells
     topk_only = to_run(config, [1, 2, 3], rows=["topk"])
-    assert "train softmax on bible_de_en_full (seed 3)" in topk_only and "attention sparsity of topk on bible_de_en_full (seed 3)" in topk_only
-    assert "attention sparsity of softmax on bible_de_en_full (seed 3)" not in topk_only and set(topk_only) < set(third)
+    assert "train softmax on bible_de_en_full (seed 3)" in topk_only and "zero attention weights of topk on bible_de_en_full (seed 3)" in topk_only
+    assert "zero attention weights of softmax on bible_de_en_full (seed 3)" not in topk_only and set(topk_only) < set(third)
     assert tables.main([str(config), *fresh, "--rows", "topk", "nope"]) == 1
     assert "--rows: no row 'nope' in seeds (rows: softmax, topk)" in capsys.readouterr().err
     # changed arguments are other commands: the record does not answer for them, and they run again
     changed = tmp_path / "changed.yaml"
     changed.write_text(STUDY_LIKE.replace("--attn-k 2", "--attn-k 3"))
     again = to_run(changed, [1])
-    assert "train topk on bible_de_en_full (seed 1)" in again and "attention sparsity of topk on bible_de_en_full (seed 1)" in again
-    assert "attention sparsity of softmax on bible_de_en_full (seed 1)" not in again  # softmax's cells are the same commands
+    assert "train topk on bible_de_en_full (seed 1)" in again and "zero attention weights of topk on bible_de_en_full (seed 1)" in again
+    assert "zero attention weights of softmax on bible_de_en_full (seed 1)" not in again  # softmax's cells are the same commands
     # a difference records each row's own BLEU: a sitting that lost one row's seed runs that row alone
     # (not the baseline's model) and takes the baseline's BLEU from the record; --rows leaves the
     # cells of rows not chosen that are neither recorded nor run out of the report, not failed

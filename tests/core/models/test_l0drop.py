@@ -5,9 +5,9 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_sparse.models.sparse_layers import SparseTransformerEncoder
-from fairseq_sparse.criterions.l0drop import L0DropCriterion, MissingGatesError, expected_open_rate
-from fairseq_sparse.modules.l0drop import (
+from fairseq_sparse.core.models.sparse_layers import SparseTransformerEncoder
+from fairseq_sparse.core.criterions.l0drop import L0DropCriterion, MissingGatesError, expected_open_rate
+from fairseq_sparse.core.modules.l0drop import (
     HardConcreteGate,
     compress_memory,
     counted_padding,

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 
-def sparsity_counts(weights: Tensor, valid: Tensor) -> Tuple[Tensor, Tensor]:
+def zero_weight_counts(weights: Tensor, valid: Tensor) -> Tuple[Tensor, Tensor]:
     """Per head: (number of valid weights exactly 0, number of valid weights), both (H,).
 
     Sparsity rate = zeros / total: the fraction of attention weights over valid

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from entmax import entmax15, sparsemax
 
 from attention_cases import CASES, NAMES
-from fairseq_sparse.attention import AttentionContext, attention_names, check_k, get_attention
-from fairseq_sparse.attention.entmax_family import LearnedAlpha
+from fairseq_sparse.core.attention import AttentionContext, attention_names, check_k, get_attention
+from fairseq_sparse.core.attention.entmax_family import LearnedAlpha
 
 B, H, T, S, D = 2, 3, 5, 7, 4
 
@@ -239,7 +239,7 @@ def test_hard_training_reads_nothing_when_dropout_removes_every_key(hard_train):
 
 @pytest.mark.parametrize("num_keys", [30, 64, 300])  # both sides of TOPK_FROM_KEYS
 def test_kth_largest_is_the_same_by_kthvalue_and_by_topk(num_keys, monkeypatch):
-    from fairseq_sparse.attention import functions
+    from fairseq_sparse.core.attention import functions
 
     gen = torch.Generator().manual_seed(4)
     scores = torch.randn(2, 3, 5, num_keys, generator=gen).round(decimals=1)  # ties

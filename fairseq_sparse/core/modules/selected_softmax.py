@@ -8,7 +8,7 @@ operations on the same inputs, so the same keys). Peak working memory is O(chunk
 floats (plus B x H x T x S bits with dropout). With a single chunk
 (sentence-level lengths) it keeps the float32 weights instead, as autograd would, and
 recomputes nothing. Outputs and gradients are those of the registered function (to float
-rounding; tests/modules/test_fused_attention.py).
+rounding; tests/core/modules/test_fused_attention.py).
 """
 
 from dataclasses import dataclass

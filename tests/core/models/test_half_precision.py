@@ -14,9 +14,9 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from attention_cases import CASES, NAMES
-from fairseq_sparse.attention.norms import RMSNorm
-from fairseq_sparse.criterions.l0drop import L0DropCriterion
-from fairseq_sparse.modules.prune_patterns import PATTERNS
+from fairseq_sparse.core.attention.norms import RMSNorm
+from fairseq_sparse.core.criterions.l0drop import L0DropCriterion
+from fairseq_sparse.core.modules.prune_patterns import PATTERNS
 from helpers import TinyTask, build_model, random_batch
 from test_end_to_end import train
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attention_cases import CASES, NAMES
-from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
+from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 from helpers import build_model, random_batch
 
 SUBLAYERS = ("encoder", "decoder", "cross")
@@ -191,10 +191,10 @@ def test_positions_count_real_tokens_in_full_and_incremental_passes():
 
 
 def test_self_attention_only_functions_are_rejected_in_cross_attention():
-    from fairseq_sparse.attention import get_attention
+    from fairseq_sparse.core.attention import get_attention
 
     spec = dataclasses.replace(get_attention("softmax"), self_attention_only=True)
-    with unittest.mock.patch("fairseq_sparse.modules.sparse_multihead_attention.get_attention", return_value=spec):
+    with unittest.mock.patch("fairseq_sparse.core.modules.sparse_multihead_attention.get_attention", return_value=spec):
         SparseMultiheadAttention(16, 4, attn_fn="softmax", self_attention=True)
         with pytest.raises(ValueError, match="self-attention only"):
             SparseMultiheadAttention(16, 4, attn_fn="softmax", encoder_decoder_attention=True)

@@ -59,8 +59,8 @@ import torch
 import fairseq_sparse  # noqa: F401  (registers the plugin; allow-lists checkpoint types for torch.load)
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.logging import metrics
-from fairseq_sparse.attention import attention_names, get_attention
-from fairseq_sparse.criterions.l0drop import L0DropCriterion
+from fairseq_sparse.core.attention import attention_names, get_attention
+from fairseq_sparse.core.criterions.l0drop import L0DropCriterion
 
 ROOT = Path(__file__).resolve().parents[2]
 USER_DIR = str(ROOT / "fairseq_sparse")

@@ -30,7 +30,7 @@ fused kernel (``scaled_dot_product_attention``) over the keys the selection leav
 in query chunks for selections that read scores, instead of calling ``fn``; at length
 the selected keys are gathered instead (``modules/gathered_attention``: top-k reads the
 scores once, a pattern with a ``selection_band`` evaluates only the keys in that band).
-The paths agree to float tolerance (tests/modules/test_fused_attention.py). ``register_selection``
+The paths agree to float tolerance (tests/core/modules/test_fused_attention.py). ``register_selection``
 registers such a method from its selection alone. Functions that need parameters of their own (a learned alpha, a
 normalisation of the head outputs) declare builders in the register call; the
 attention module owns the resulting modules and hands them over in ``ctx``.

@@ -15,7 +15,7 @@ from fairseq.criterions.label_smoothed_cross_entropy_with_alignment import (
 )
 
 from attention_cases import CASES, NAMES
-from fairseq_sparse.criterions.alignment import NAME, ZeroSafeAlignmentCriterion
+from fairseq_sparse.core.criterions.alignment import NAME, ZeroSafeAlignmentCriterion
 from helpers import TinyTask, build_model, random_batch
 
 CROSS = [name for name in NAMES if not CASES[name].self_only]

@@ -7,7 +7,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_sparse.modules.prune_patterns import RulePatternGate, frequent_types, rare_types
+from fairseq_sparse.core.modules.prune_patterns import RulePatternGate, frequent_types, rare_types
 from helpers import TINY_TRAIN, TinyTask, build_model, random_batch, run_in_process, tiny_bitext
 
 ROOT = Path(__file__).resolve().parents[2]

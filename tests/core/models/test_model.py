@@ -16,9 +16,9 @@ from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 from omegaconf import OmegaConf
 
-from fairseq_sparse.checkpoint_loading import CheckpointLoadError
-from fairseq_sparse.models.options import SparseModelOptions
-from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
+from fairseq_sparse.core.checkpoint_loading import CheckpointLoadError
+from fairseq_sparse.core.models.options import SparseModelOptions
+from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 from helpers import build_model, model_args, random_batch
 
 ARCHS = {
@@ -202,7 +202,7 @@ def test_each_model_option_is_declared_once_with_its_default_and_command_line_fo
     on_command_line = [spec.name for spec in dataclasses.fields(SparseModelOptions) if spec.metadata["help"]]
     assert sorted(declared) == sorted(on_command_line)
     # the one option set by the plugin, not the user, under the name the pos-table loader writes
-    from fairseq_sparse.modules.prune_patterns import STORED_TABLE_OPTION
+    from fairseq_sparse.core.modules.prune_patterns import STORED_TABLE_OPTION
     assert {spec.name for spec in dataclasses.fields(SparseModelOptions)} - set(on_command_line) == {STORED_TABLE_OPTION}
     # no argparse defaults: an architecture fills what the user left unset
     assert all(action.default is None for action in declared.values())
@@ -237,7 +237,7 @@ def test_options_missing_from_an_old_checkpoint_take_their_defaults():
 
 
 def test_a_preset_naming_an_unknown_option_fails_at_registration():
-    from fairseq_sparse.models.sparse_transformer import _preset, sparse_base_architecture
+    from fairseq_sparse.core.models.sparse_transformer import _preset, sparse_base_architecture
 
     with pytest.raises(ValueError, match=r"\['cros_attn_fn'\] are not transformer_sparse options"):
         _preset("transformer_sparse_typo", sparse_base_architecture, "a typo", cros_attn_fn="topk")

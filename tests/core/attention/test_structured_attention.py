@@ -11,9 +11,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 import pytest
 import torch
 
-from fairseq_sparse.attention import AttentionContext, get_attention
-from fairseq_sparse.attention.structured import bigbird_split
-from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
+from fairseq_sparse.core.attention import AttentionContext, get_attention
+from fairseq_sparse.core.attention.structured import bigbird_split
+from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 from helpers import build_model
 
 STRUCTURED = ["block", "window", "dilated", "global", "random", "bigbird", "topk_oow"]

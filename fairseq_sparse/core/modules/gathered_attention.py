@@ -19,7 +19,7 @@ The selection itself is found a chunk of queries at a time (``Selection``):
   the selected keys then packed into n index slots (n: the chunk's widest row).
 
 Outputs and gradients are those of the registered functions to float rounding
-(tests/modules/test_gathered_attention.py). With attention dropout the n weights of a
+(tests/core/modules/test_gathered_attention.py). With attention dropout the n weights of a
 query are dropped independently with probability p, as dense dropout drops them (the
 random numbers differ from the dense path's: it draws S of them per query).
 """

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attention_cases import CASES
-from fairseq_sparse.modules import attention_masks, fused_softmax, gathered_attention, sparse_multihead_attention
+from fairseq_sparse.core.modules import attention_masks, fused_softmax, gathered_attention, sparse_multihead_attention
 from test_fused_attention import (FUSED, assert_incremental_decoding_equals_the_full_pass,
                                   assert_training_pass_equals_the_function_path, causal_mask, module_pair, unfused)
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from attention_cases import CASES, NAMES
-from fairseq_sparse.attention import AttentionContext, get_attention
-from fairseq_sparse.modules import attention_masks, fused_softmax
-from fairseq_sparse.modules.sparse_multihead_attention import SparseMultiheadAttention
+from fairseq_sparse.core.attention import AttentionContext, get_attention
+from fairseq_sparse.core.modules import attention_masks, fused_softmax
+from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 from helpers import build_model, random_batch
 
 FUSED = [name for name in NAMES if get_attention(name).selection is not None]

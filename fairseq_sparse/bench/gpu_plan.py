@@ -1,0 +1,147 @@
+"""The GPU report's plan: every step it runs, in order, each with its command (nothing is run here)."""
+
+import argparse
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import fairseq_sparse
+from fairseq_sparse.core.attention import attention_names, get_attention
+from fairseq_sparse.bench.common import placement
+
+# the directory holding this package (a checkout or site-packages): every step imports the same plugin
+PACKAGE_PARENT = Path(fairseq_sparse.__file__).resolve().parents[1]
+
+GROUPS = ("environment", "data", "train", "equality", "operations", "memory", "run")
+PRECISIONS = ("fp16", "bf16")
+# The L0Drop rows of the training check: (row, fairseq-train options). Both train with the L0 criterion.
+L0DROP_ROWS = {
+    "l0drop": ["--l0drop", "--criterion", "label_smoothed_cross_entropy_l0drop", "--label-smoothing", "0.1",
+               "--l0-lambda", "0.3"],
+    "l0drop_every_layer": ["--l0drop", "--l0drop-every-layer", "--criterion", "label_smoothed_cross_entropy_l0drop",
+                           "--label-smoothing", "0.1", "--l0-lambda", "0.3"],
+}
+TINY_MODEL = ["--arch", "transformer_sparse_mini", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+              "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "4",
+              "--decoder-attention-heads", "4", "--share-all-embeddings"]
+# The papers' decoding settings: beam 4, batch 1 (run.py's decode1 job) and batch 128.
+RUN_OPTIONS = ["--device", "cuda", "--arch", "transformer_sparse", "--beam", "4", "--batch-size", "128",
+               "--long-lengths", "512", "1024", "2048", "4096"]
+# Document lengths: where top-k and the patterns gather their keys (modules/gathered_attention.py).
+MEMORY_LENGTHS = ["512", "1024", "2048", "4096"]
+VALID_PAIRS = 40  # sentence pairs of the synthetic validation set
+
+
+@dataclass
+class Step:
+    """One step of the report: what it runs, and (filled in as it runs) how it went."""
+
+    name: str
+    group: str
+    describe: str
+    command: Optional[List[str]] = None
+    timeout: float = 600.0
+    env: Dict[str, str] = field(default_factory=dict)
+    row: str = ""
+    precision: str = ""
+    status: str = "not run"  # ok | FAILED | not run
+    seconds: float = 0.0
+    returncode: Optional[int] = None
+    stdout: str = ""
+    stderr: str = ""
+    note: str = ""
+    losses: List[float] = field(default_factory=list)
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.name)
+
+
+def train_rows() -> Dict[str, List[str]]:
+    """fairseq-train options choosing each row's attention: every registered function, then the L0Drop rows."""
+    rows = {}
+    for fn in attention_names():
+        spec = get_attention(fn)
+        options = [f"--{sublayer}-attn-fn={fn}" for sublayer in placement(fn, spec.self_attention_only)]
+        rows[fn] = options + ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+    rows.update(L0DROP_ROWS)
+    return rows
+
+
+def row_placement(row: str) -> str:
+    """Where a training row's attention runs, in words."""
+    if row in L0DROP_ROWS:
+        return "softmax everywhere, " + ("gates after every encoder layer" if "every" in row else "gates on encoder outputs")
+    return "+".join(placement(row, get_attention(row).self_attention_only))
+
+
+def data_step(data: Path, train_pairs: int) -> Step:
+    python = sys.executable
+    return Step("data", "data",
+                f"(in-process) write a synthetic copy-task bitext ({train_pairs} train / {VALID_PAIRS} valid pairs, "
+                f"40 word types) to {data}/raw, then:",
+                command=[python, "-m", "fairseq_cli.preprocess", "--source-lang", "src", "--target-lang", "tgt",
+                         "--trainpref", str(data / "raw" / "train"), "--validpref", str(data / "raw" / "valid"),
+                         "--destdir", str(data / "bin"), "--joined-dictionary", "--workers", "1"])
+
+
+def train_steps(data: Path, updates: int, timeout: float) -> List[Step]:
+    """A few updates of real fairseq-train per row and precision."""
+    steps = []
+    for row, options in train_rows().items():
+        for precision in PRECISIONS:
+            # fairseq 0.12's own entry point reads --bf16 as "on a TPU": bfloat16 runs go through the plugin's
+            trainer = "fairseq_sparse.train" if precision == "bf16" else "fairseq_cli.train"
+            command = [sys.executable, "-m", trainer, str(data / "bin"), "--user-dir", str(PACKAGE_PARENT / "fairseq_sparse"),
+                       *TINY_MODEL, *options, "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "1000",
+                       "--max-update", str(updates), "--no-save", "--disable-validation",
+                       "--log-format", "json", "--log-interval", "1", "--seed", "1", "--num-workers", "0",
+                       f"--{precision}"]
+            steps.append(Step(f"train {row} {precision}", "train", f"fairseq-train, {row}, --{precision}:",
+                              command=command, timeout=timeout, env={"OMP_NUM_THREADS": "1"},
+                              row=row, precision=precision))
+    return steps
+
+
+def benchmark_steps(report_dir: Path, timeout: float, run_timeout: float) -> List[Step]:
+    """The benchmarks of fairseq_sparse.bench on the GPU; run.py's CSV goes beside the report."""
+    python = sys.executable
+    steps = [Step("equality", "equality", "CPU vs CUDA logits of the same weights, per function:",
+                  command=[python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda"], timeout=timeout),
+             Step("operations", "operations", "Hard Retrieval Table 2, per-operation times:",
+                  command=[python, "-m", "fairseq_sparse.bench.operations", "--device", "cuda"], timeout=timeout)]
+    for causal in (False, True):
+        steps.append(Step("memory causal" if causal else "memory", "memory",
+                          f"peak memory, {'decoder (causal)' if causal else 'encoder'} self-attention:",
+                          command=[python, "-m", "fairseq_sparse.bench.memory", "--device", "cuda", "--lengths", *MEMORY_LENGTHS,
+                                   "--functions", *attention_names()] + (["--causal"] if causal else []),
+                          timeout=timeout))
+    steps.append(Step("run", "run", "train / decode throughput vs stock fairseq and softmax:",
+                      command=[python, "-m", "fairseq_sparse.bench.run", *RUN_OPTIONS, "--csv", str(report_dir / "speed.csv")],
+                      timeout=run_timeout))
+    return steps
+
+
+def build_plan(args: argparse.Namespace, work: Path, report_dir: Path) -> List[Step]:
+    """The steps of the groups ``args.only`` names, in order; the environment always (the report names the device)."""
+    steps = [Step("environment", "environment",
+                  "(in-process) torch.cuda.get_device_name(0); torch, CUDA, cuDNN, fairseq, fairseq-sparse, numpy and "
+                  "Python versions"),
+             data_step(work / "data", args.train_pairs),
+             *train_steps(work / "data", args.train_updates, args.step_timeout),
+             *benchmark_steps(report_dir, args.step_timeout, args.run_timeout)]
+    return [s for s in steps if s.group in args.only or s.group == "environment"]
+
+
+def format_plan(steps: Sequence[Step], work: Path, out: Path) -> str:
+    """Every step and its command, numbered, as the dry run prints it and the report ends with it."""
+    lines = [f"plan: {len(steps)} steps, plugin from {PACKAGE_PARENT}; report {out}; data and logs under {work}"]
+    for i, step in enumerate(steps, 1):
+        lines.append(f"{i:3d}. [{step.group}] {step.name}: {step.describe}")
+        if step.command:
+            env = "".join(f"{k}={v} " for k, v in step.env.items())
+            lines.append(f"       {env}{shlex.join(step.command)}")
+    return "\n".join(lines)

@@ -1,0 +1,39 @@
+"""The GPU report's run on any machine, with stand-in commands: a failed step is recorded and the run goes on,
+the training check reads the logged losses, and the report and logs are written."""
+
+import sys
+import tarfile
+
+from fairseq_sparse.bench.gpu_plan import Step
+from fairseq_sparse.bench.gpu_report import execute, parse_args
+
+PY = sys.executable
+
+
+def losses(*values):
+    """A stand-in fairseq-train that logs these training losses as --log-format json does."""
+    lines = "".join(f"print('| train_inner | ' + json.dumps({{'loss': {v}}}))\n" for v in values)
+    return [PY, "-c", f"import json\n{lines}"]
+
+
+def test_a_failed_step_is_recorded_and_the_run_goes_on(tmp_path):
+    args = parse_args(["--out", str(tmp_path / "report" / "REPORT.md"), "--work-dir", str(tmp_path / "work"), "--jobs", "2"])
+    data = tmp_path / "work" / "data" / "bin"
+    steps = [Step("environment", "environment", "the versions"),
+             Step("data", "data", "data:", command=[PY, "-c", f"import os; os.makedirs({str(data)!r})"]),
+             Step("train softmax fp16", "train", "t", command=losses(5.0, 4.0), row="softmax", precision="fp16"),
+             Step("train softmax bf16", "train", "t", command=losses(3.0, 3.5), row="softmax", precision="bf16"),
+             Step("equality", "equality", "e", command=[PY, "-c", "raise ValueError('different logits')"]),
+             Step("memory", "memory", "m", command=[PY, "-c", "print('# Memory'); print('IN' + 'FO: a logging line')"]),
+             Step("run", "run", "r", command=[PY, "-c", "import time; time.sleep(60)"], timeout=1)]
+    assert execute(steps, args) == 1
+    assert [s.status for s in steps] == ["ok", "ok", "ok", "FAILED", "FAILED", "ok", "FAILED"]
+    assert steps[2].losses == [5.0, 4.0] and steps[3].note == "loss did not fall (3.000 -> 3.500)"
+    assert steps[4].note == "exit 1: ValueError: different logits" and steps[6].note == "timed out after 1 s"
+    report = args.out.read_text()
+    assert "* result: 3 of 7 steps FAILED" in report and "| softmax | " in report and "5.000 → 4.000 | ok" in report
+    assert "\n## Memory\n" in report and "INFO: a logging line" not in report  # headings one level down, no logging
+    assert "### equality" in report and "ValueError: different logits" in report
+    with tarfile.open(args.out.parent / "logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert {"logs/equality.log", "logs/equality.stderr.log", "logs/train_softmax_fp16.log"} <= set(names)

@@ -146,9 +146,9 @@ def test_l0drop_fine_tuning_and_compressed_generation(bible, softmax_checkpoint,
         "--reset-optimizer", "--reset-dataloader", "--reset-meters", "--lr", "0.3", updates=20,
     )
     assert "gate parameters are not in the checkpoint; initialising them" in log
-    sparsity = [float(s) for s in re.findall(r"\| sparsity ([\d.]+)", log)]
-    assert sparsity and "l0_loss" in log and "valid on 'valid' subset" in log
-    assert sparsity[-1] > 0.0, "a large lambda should close some gates"
+    pruned = [float(s) for s in re.findall(r"\| pruned ([\d.]+)", log)]
+    assert pruned and "l0_loss" in log and "valid on 'valid' subset" in log
+    assert pruned[-1] > 0.0, "a large lambda should close some gates"
     checkpoint = save_dir / "checkpoint_last.pt"
     short = ("--max-len-a", "0", "--max-len-b", "12")  # the over-driven model babbles: keep decoding short
     compressed = generate(bible, checkpoint, *short)

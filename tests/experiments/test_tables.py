@@ -236,7 +236,7 @@ def test_demo_table_in_smoke_profile(smoke_root, capsys):
     again = run_table("demo", smoke_root, capsys)
     assert " 0 to run" in again and "[1/" not in again
     assert "train softmax" in printed
-    assert "FAILED" not in printed and "L0Drop sparsity of softmax" not in printed  # no gates: nothing to run
+    assert "FAILED" not in printed and "encoder outputs L0Drop prunes in softmax" not in printed  # no gates: nothing to run
 
 
 def test_a_recorded_table_keeps_its_heatmaps_and_needs_no_model_again(smoke_root, tmp_path, capsys):

@@ -7,6 +7,7 @@ from .registry import (  # noqa: F401
     AttentionContext,
     AttentionSpec,
     attention_names,
+    check_hard_train,
     check_k,
     get_attention,
     register_attention,

@@ -132,6 +132,13 @@ def get_attention(name: str) -> AttentionSpec:
     return _REGISTRY[name]
 
 
+def check_hard_train(choice: str) -> str:
+    """Validate how hard retrieval picks its key in training."""
+    if choice not in HARD_TRAIN_CHOICES:
+        raise ValueError(f"--hard-train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {choice!r}")
+    return choice
+
+
 def check_k(k, option: str = "--attn-k") -> int:
     """Validate a number of attended keys given on the command line."""
     if k is None or int(k) != k or int(k) <= 0:

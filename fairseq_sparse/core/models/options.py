@@ -13,10 +13,10 @@ from typing import Callable, Optional, Sequence, Union
 
 from fairseq import utils
 
-from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, attention_names, check_k, get_attention
+from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, attention_names, check_hard_train, check_k, get_attention
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from ..modules.l0drop import GATE_INITS, check_gate_init
-from ..modules.prune_patterns import PATTERNS
+from ..modules.prune_patterns import PATTERNS, check_pattern
 
 SUBLAYERS = ("encoder", "decoder", "cross")
 
@@ -152,12 +152,10 @@ class SparseModelOptions:
             if sublayer_k is not None:
                 check_k(sublayer_k, f"--{sublayer}-attn-k")
         check_k(self.attn_k, "--attn-k")
-        if self.hard_train not in HARD_TRAIN_CHOICES:
-            raise ValueError(f"--hard-train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {self.hard_train!r}")
+        check_hard_train(self.hard_train)
         check_gate_init(self.l0drop_gate_init)
-        if self.encoder_prune_pattern is not None and self.encoder_prune_pattern not in PATTERNS:
-            raise ValueError(f"--encoder-prune-pattern must be one of {', '.join(PATTERNS)}, "
-                             f"got {self.encoder_prune_pattern!r}")
+        if self.encoder_prune_pattern is not None:
+            check_pattern(self.encoder_prune_pattern)
         if self.encoder_prune_pattern and (self.l0drop or self.l0drop_every_layer):
             raise ValueError("--encoder-prune-pattern replaces L0Drop's learned gates: use it without --l0drop")
 

@@ -83,15 +83,19 @@ def joiner_types(dictionary: Dictionary) -> Tensor:
     return torch.tensor([symbol.endswith(BPE_JOINER) for symbol in dictionary.symbols], dtype=torch.bool)
 
 
+def check_pattern(pattern: str) -> str:
+    if pattern not in PATTERNS:
+        raise ValueError(f"--encoder-prune-pattern must be one of {', '.join(PATTERNS)}, got {pattern!r}")
+    return pattern
+
+
 class RulePatternGate(nn.Module):
     """Fixed gates: 0 for the tokens a rule prunes, 1 otherwise (no penalty, nothing learned)."""
 
     def __init__(self, pattern: str, dictionary: Dictionary, pos_table: Optional[str] = None, table_stored: bool = False):
         """``table_stored``: the model is built to load a checkpoint, whose state holds the pos table."""
         super().__init__()
-        if pattern not in PATTERNS:
-            raise ValueError(f"--encoder-prune-pattern must be one of {', '.join(PATTERNS)}, got {pattern!r}")
-        self.pattern = pattern
+        self.pattern = check_pattern(pattern)
         prunable = torch.zeros(len(dictionary), dtype=torch.bool)
         if pattern == "freq":
             prunable = frequent_types(dictionary)

@@ -27,7 +27,7 @@ import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
-from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, AttentionContext, check_k, get_attention
+from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, AttentionContext, check_hard_train, check_k, get_attention
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from .attention_masks import as_bool, combine_masks
 from .l0drop import counted_padding
@@ -63,9 +63,7 @@ class SparseMultiheadAttention(MultiheadAttention):
             raise ValueError(f"attention function {attn_fn!r} is defined for self-attention only, not encoder-decoder attention")
         self.pattern_seed = pattern_seed
         self.attn_k = check_k(attn_k)
-        if hard_train not in HARD_TRAIN_CHOICES:
-            raise ValueError(f"hard_train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {hard_train!r}")
-        self.hard_train = hard_train
+        self.hard_train = check_hard_train(hard_train)
         self.output_norm = (
             self.spec.build_output_norm(embed_dim, self.head_dim) if self.spec.build_output_norm else None
         )

@@ -62,7 +62,7 @@ from fairseq.logging import metrics
 from fairseq_sparse.core.attention import attention_names, get_attention
 from fairseq_sparse.core.criterions.l0drop import L0DropCriterion
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 USER_DIR = str(ROOT / "fairseq_sparse")
 FAIRSEQ_TRAIN = Path(sys.executable).parent / "fairseq-train"
 UPDATES = 3

@@ -72,7 +72,7 @@ def test_bad_options_are_rejected_when_the_model_is_built(overrides, message):
 def test_bad_options_stop_fairseq_train_at_start_up(tmp_path):
     """An unknown name fails in argument parsing, before any data is read, naming the choices."""
     cmd = [os.path.join(os.path.dirname(sys.executable), "fairseq-train"), str(tmp_path / "no-data"),
-           "--user-dir", str(Path(__file__).resolve().parents[2] / "fairseq_sparse"),
+           "--user-dir", str(Path(__file__).resolve().parents[3] / "fairseq_sparse"),
            "--arch", "transformer_sparse_mini", "--encoder-attn-fn", "sparse-softmax"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
@@ -175,7 +175,7 @@ def test_a_checkpoint_of_other_sizes_names_the_parameters_of_another_shape():
 
 def test_a_k_that_is_not_positive_stops_fairseq_train_with_one_line(tmp_path):
     cmd = [os.path.join(os.path.dirname(sys.executable), "fairseq-train"), str(tmp_path / "no-data"),
-           "--user-dir", str(Path(__file__).resolve().parents[2] / "fairseq_sparse"),
+           "--user-dir", str(Path(__file__).resolve().parents[3] / "fairseq_sparse"),
            "--arch", "transformer_sparse_mini", "--attn-k", "0"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     # argparse prints fairseq-train's (long) usage, then the error as the last line, and exits with 2

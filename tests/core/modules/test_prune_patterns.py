@@ -10,7 +10,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_sparse.core.modules.prune_patterns import RulePatternGate, frequent_types, rare_types
 from helpers import TINY_TRAIN, TinyTask, build_model, random_batch, run_in_process, tiny_bitext
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def counted_dictionary(counts):

@@ -105,10 +105,15 @@ class Plan:
             # fine-tune cut short restarts from update 0. --finetune-from-model loads it (optimizer,
             # schedule, meters and data order reset) only while the run has no checkpoint_last.pt
             extra = ["--finetune-from-model", str(self.checkpoint(ds, self.table.row(row.finetune_from), seed))]
+        if row.continue_from:
+            # the base's own last checkpoint: an averaged one has no optimizer state to carry on
+            base = self.run_dir(ds, self.table.row(row.continue_from), seed) / "checkpoints" / "checkpoint_last.pt"
+            extra = ["--continue-from", str(base)]
         argv = merge_args(self.setting(ds, row)["train"], ds.train_args, row.args, (row.args_by_dataset or {}).get(ds.id),
                           self.table.smoke.get("train") if self.smoke else None,
                           drop=self.table.smoke.get("drop", []) if self.smoke else [])
-        return [*tool("fairseq-train"), str(self.data_dir(ds) / "bin"), "--user-dir", USER_DIR,
+        trainer = "fairseq_sparse.train" if row.continue_from else "fairseq-train"
+        return [*tool(trainer), str(self.data_dir(ds) / "bin"), "--user-dir", USER_DIR,
                 *argv, *extra, "--seed", str(seed)]
 
     def run_dir(self, ds: Dataset, row: Row, seed: int) -> Path:
@@ -135,7 +140,8 @@ class Plan:
             return []
         run = self.run_dir(ds, row, seed)
         key = self.model_key(ds, row, seed)
-        needs = (self.model_key(ds, self.table.row(row.finetune_from), seed),) if row.finetune_from else ()
+        base = row.finetune_from or row.continue_from
+        needs = (self.model_key(ds, self.table.row(base), seed),) if base else ()
         argv = [*self.train_argv(ds, row, seed), "--save-dir", str(run / "checkpoints")]
         steps = [Step("train", argv, run / "train.done", run / "train.log", f"train {row.id} on {ds.id} (seed {seed})",
                       model=key, needs=needs)]

@@ -227,7 +227,10 @@ def check_parses(step: Step) -> None:
     try:
         if argv[0] == sys.executable and argv[1] == "-m":
             module = "fairseq_sparse.analysis.cli" if argv[2] == "fairseq_sparse.analysis" else argv[2]
-            importlib.import_module(module).build_parser().parse_args(argv[3:])
+            if module == "fairseq_sparse.train":  # fairseq-train's parser, with the options it adds
+                importlib.import_module(module).parse(argv[3:])
+            else:
+                importlib.import_module(module).build_parser().parse_args(argv[3:])
         elif argv[0] == sys.executable:
             _load_script(Path(argv[1])).build_parser().parse_args(argv[2:])
         else:

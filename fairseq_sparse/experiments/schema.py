@@ -78,7 +78,10 @@ class Row:
     args: str = ""
     generate_args: str = ""
     reuse: Optional[str] = None
-    finetune_from: Optional[str] = None
+    finetune_from: Optional[str] = None  # starts from that row's model: fresh optimizer and schedule
+    # carries that row's run on (its last checkpoint's optimizer state and schedule; the row's args give
+    # --continue-updates): python -m fairseq_sparse.train --continue-from
+    continue_from: Optional[str] = None
     setting: Optional[str] = None  # a paper setting replacing the dataset's for this row (e.g. big vs base)
     datasets: Optional[List[str]] = None  # only these datasets (default: all of the table's)
     args_by_dataset: Dict[str, str] = field(default_factory=dict)  # extra training arguments per dataset
@@ -205,11 +208,14 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
     seen: List[str] = []
     for r in rows:
         where = f"{path}: row {r.id}"
-        for ref, what in ((r.reuse, "reuse"), (r.finetune_from, "finetune_from")):
+        starts = {"reuse": r.reuse, "finetune_from": r.finetune_from, "continue_from": r.continue_from}
+        for what, ref in starts.items():
             if ref is not None and ref not in seen:
                 raise ConfigError(f"{where}: {what} {ref!r} must name an earlier row (earlier: {seen})")
-        if r.reuse and r.finetune_from:
-            raise ConfigError(f"{where}: a row either reuses or fine-tunes, not both")
+        if sum(ref is not None for ref in starts.values()) > 1:
+            raise ConfigError(f"{where}: a row reuses, fine-tunes or continues a model, only one of them")
+        if r.continue_from and "--continue-updates" not in r.args:
+            raise ConfigError(f"{where}: continue_from needs --continue-updates N in args (updates beyond the base's)")
         for ds_id in list(r.datasets or []) + list(r.args_by_dataset or {}):
             if ds_id not in datasets:
                 raise ConfigError(f"{where}: dataset {ds_id!r} is not among the table's datasets {sorted(datasets)}")

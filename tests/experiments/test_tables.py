@@ -71,6 +71,8 @@ rows: [{id: a, label: A}, {id: b, label: B, reuse: a}]
     (("measure: bleu}", "measure: bleu, first_seeds: 0}"), "first_seeds must be a whole number of at least 1, got 0"),
     (("columns: [{id: bleu, label: BLEU", "columns: [{id: null, label: BLEU"), "column None: id must be a non-empty string"),
     (("{id: a, label: A}", "{id: a, label: 12}"), "row 'a': label must be a non-empty string, got 12"),
+    (("reuse: a}", "continue_from: a}"), "continue_from needs --continue-updates N in args"),
+    (("reuse: a}", "continue_from: a, finetune_from: a, args: '--continue-updates 5'}"), "only one of them"),
 ])
 def test_bad_configuration_is_one_clear_error(configs, change, message):
     load_table(write_table(configs, GOOD), "smoke", configs)  # the unchanged table is fine
@@ -111,6 +113,19 @@ def test_model_directories_do_not_depend_on_where_this_checkout_keeps_data_and_m
         assert here.run_dir(ds, row, 1).name == there.run_dir(ds, row, 1).name
         assert here.run_dir(ds, row, 1).parent != there.run_dir(ds, row, 1).parent
     assert "--finetune-from-model" in here.train_argv(ds, table.row("c"), 1)
+
+
+def test_a_continuation_carries_on_its_base_runs_last_checkpoint(configs, tmp_path):
+    """continue_from: the base's own checkpoint_last.pt (its optimizer state), through fairseq_sparse.train,
+    after the base's training."""
+    body = GOOD.replace("reuse: a}", "continue_from: a, args: '--continue-updates 5'}")
+    plan = tables.Plan(load_table(write_table(configs, body), "paper", configs), tmp_path, tmp_path / "data", None)
+    ds, row = plan.table.datasets["iwslt14_de_en"], plan.table.row("b")
+    argv = plan.train_argv(ds, row, 1)
+    assert argv[1:3] == ["-m", "fairseq_sparse.train"] and argv[argv.index("--continue-updates") + 1] == "5"
+    assert argv[argv.index("--continue-from") + 1] == str(plan.run_dir(ds, plan.table.row("a"), 1) / "checkpoints" / "checkpoint_last.pt")
+    [train] = plan.train_steps(ds, row, 1)
+    assert train.needs == (plan.model_key(ds, plan.table.row("a"), 1),)
 
 
 def test_a_speed_column_times_the_row_and_its_baseline_in_one_run(configs, tmp_path):

@@ -98,8 +98,22 @@ def test_model_overrides_to_a_function_with_parameters_fails_clearly(bible, soft
          str(softmax_checkpoint / "checkpoint_last.pt"), "--cpu", "--model-overrides", "{'cross_attn_fn': 'rela_g'}"],
         capture_output=True, text=True, timeout=300,
     )
-    assert result.returncode != 0
-    assert "do not fit this transformer_sparse model" in result.stderr
+    assert result.returncode != 0 and "Traceback" not in result.stderr  # one line (core/errors.py)
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "fairseq-generate: error: checkpoint parameters do not fit this transformer_sparse model")
+
+
+def test_a_checkpoint_of_other_sizes_stops_fairseq_train_with_our_message_last(bible, softmax_checkpoint, tmp_path):
+    """fairseq's trainer re-raises a failed load as "Cannot load model parameters ... ensure that the
+    architectures match": our explanation (which parameters, which shapes) is what the user reads."""
+    result = subprocess.run(
+        [str(BIN / "fairseq-train"), str(bible / "bin"), "--user-dir", USER_DIR, *TINY_MODEL, "--encoder-embed-dim", "16",
+         "--decoder-embed-dim", "16", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "2000", "--cpu",
+         "--restore-file", str(softmax_checkpoint / "checkpoint_last.pt"), "--save-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("fairseq-train: error: checkpoint parameters do not fit") and ", 32) in the checkpoint" in last and ", 16) here" in last
 
 
 def test_fairseq_interactive(bible, softmax_checkpoint):

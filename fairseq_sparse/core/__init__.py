@@ -8,8 +8,11 @@ Importing it registers the architectures and criteria with fairseq.
 """
 
 from . import checkpoint_loading  # noqa: F401  (first: makes fairseq checkpoints loadable on torch >= 2.6)
+from .errors import report_usage_errors_in_one_line
 from . import attention  # noqa: F401
 from .criterions import alignment as alignment_criterion  # noqa: F401
 from .criterions import l0drop as l0drop_criterion  # noqa: F401
 from .models import l0drop, presets_topk_paper, sparse_transformer  # noqa: F401
 from .models.sparse_transformer import SparseTransformerModel  # noqa: F401
+
+report_usage_errors_in_one_line()  # in fairseq-* commands: what the user asked wrongly is one line, not a traceback

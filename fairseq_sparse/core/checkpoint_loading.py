@@ -25,6 +25,8 @@ from typing import List
 
 import torch
 
+from .errors import UsageError
+
 logger = logging.getLogger(__name__)
 
 
@@ -59,8 +61,8 @@ def allow_fairseq_checkpoints() -> None:
         torch.serialization.add_safe_globals(fairseq_checkpoint_types())
 
 
-class CheckpointLoadError(RuntimeError):
-    pass
+class CheckpointLoadError(UsageError, RuntimeError):
+    """A file that cannot be loaded as a fairseq checkpoint (the message names it and says why)."""
 
 
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6: a zip archive

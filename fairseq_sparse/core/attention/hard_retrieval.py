@@ -61,7 +61,7 @@ def _one_hot_weights(indices: Tensor, num_keys: int) -> Tensor:
 
 
 # Counts need no handling: c identical keys have one argmax value and one value row.
-@register_attention("hard", supports_key_counts=True, ties_to_first_key=True)
+@register_attention("hard", uses_hard_train=True, supports_key_counts=True, ties_to_first_key=True)
 def hard_retrieval_attention(scores, values, mask, ctx) -> AttentionOutput:
     """Hard retrieval attention: each head reads exactly one value row (Xu et al., 2021).
 

@@ -43,6 +43,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from torch import Tensor, nn
 
+from ..errors import UsageError
+
 AttentionOutput = Tuple[Tensor, Optional[Tensor]]
 
 
@@ -80,6 +82,9 @@ class AttentionSpec:
     name: str
     fn: Callable[[Tensor, Tensor, Optional[Tensor], AttentionContext], AttentionOutput]
     uses_k: bool = False
+    # reads ctx.hard_train (--hard-train) / ctx.seed (--attn-pattern-seed): otherwise those options are ignored
+    uses_hard_train: bool = False
+    uses_pattern_seed: bool = False
     # Builds a module applied to the concatenated head outputs, (T, B, embed_dim),
     # before the output projection (ReLA's normalisation). Called as (embed_dim, head_dim).
     build_output_norm: Optional[Callable[[int, int], nn.Module]] = None
@@ -126,7 +131,7 @@ def attention_names() -> List[str]:
 
 def get_attention(name: str) -> AttentionSpec:
     if name not in _REGISTRY:
-        raise ValueError(
+        raise UsageError(
             f"unknown attention function {name!r}; valid choices: {', '.join(attention_names())}"
         )
     return _REGISTRY[name]
@@ -135,12 +140,12 @@ def get_attention(name: str) -> AttentionSpec:
 def check_hard_train(choice: str) -> str:
     """Validate how hard retrieval picks its key in training."""
     if choice not in HARD_TRAIN_CHOICES:
-        raise ValueError(f"--hard-train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {choice!r}")
+        raise UsageError(f"--hard-train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {choice!r}")
     return choice
 
 
 def check_k(k, option: str = "--attn-k") -> int:
     """Validate a number of attended keys given on the command line."""
     if k is None or int(k) != k or int(k) <= 0:
-        raise ValueError(f"{option} must be a positive integer, got {k!r}")
+        raise UsageError(f"{option} must be a positive integer, got {k!r}")
     return int(k)

@@ -205,7 +205,7 @@ def global_selection(scores, mask, ctx) -> Tensor:
     return ~selected
 
 
-@register_selection("random", uses_k=True, uses_positions=True)
+@register_selection("random", uses_k=True, uses_pattern_seed=True, uses_positions=True)
 def random_selection(scores, mask, ctx) -> Tensor:
     """Random attention: k visible keys per query, chosen by a hash of (seed, query position, key position).
 
@@ -217,7 +217,7 @@ def random_selection(scores, mask, ctx) -> Tensor:
     return ~selected
 
 
-@register_selection("bigbird", uses_k=True, uses_positions=True, self_attention_only=True)
+@register_selection("bigbird", uses_k=True, uses_pattern_seed=True, uses_positions=True, self_attention_only=True)
 def bigbird_selection(scores, mask, ctx) -> Tensor:
     """BigBird: k/4 global positions, then a window of k/2, then k/4 random keys (disjoint parts).
 

@@ -32,6 +32,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
+from ..errors import UsageError
+
 logger = logging.getLogger(__name__)
 
 NORMALIZATIONS = ("sentence", "token")
@@ -59,7 +61,7 @@ class MissingGatesError(ValueError):
 
 def check_normalization(normalization: str) -> str:
     if normalization not in NORMALIZATIONS:
-        raise ValueError(f"--l0-normalization must be 'sentence' or 'token', got {normalization!r}")
+        raise UsageError(f"--l0-normalization must be 'sentence' or 'token', got {normalization!r}")
     return str(normalization)
 
 
@@ -88,7 +90,7 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
                  l0_normalization="sentence", ignore_prefix_size=0, report_accuracy=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if l0_lambda < 0 or l0_lambda_warmup_updates < 0:
-            raise ValueError("--l0-lambda and --l0-lambda-warmup-updates must be >= 0")
+            raise UsageError("--l0-lambda and --l0-lambda-warmup-updates must be >= 0")
         self.l0_lambda = l0_lambda
         self.warmup_updates = l0_lambda_warmup_updates
         self.normalization = check_normalization(l0_normalization)

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 
 from torch import Tensor
 
+from ..errors import UsageError
 from ..attention import get_attention
 from ..modules.l0drop import HardConcreteGate, compress_memory, source_attention
 from ..modules.prune_patterns import RulePatternGate
@@ -42,7 +43,7 @@ class GatedEncoderLayer(SparseTransformerEncoderLayer):
 
     def __init__(self, cfg, return_fc=False):
         if return_fc:
-            raise ValueError("L0Drop gates after encoder layers use the layers' second output; return_fc is not supported")
+            raise UsageError("L0Drop gates after encoder layers use the layers' second output; return_fc is not supported")
         super().__init__(cfg, return_fc=False)
         self.l0drop_gate: Optional[HardConcreteGate] = None
 

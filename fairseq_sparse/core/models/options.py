@@ -9,10 +9,11 @@ the options a user left unset (``fill_defaults``), so a preset can choose its ow
 
 import argparse
 from dataclasses import dataclass, field, fields
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 from fairseq import utils
 
+from ..errors import UsageError
 from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, attention_names, check_hard_train, check_k, get_attention
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from ..modules.l0drop import GATE_INITS, check_gate_init
@@ -147,7 +148,7 @@ class SparseModelOptions:
             try:
                 get_attention(self.attn_fn_of(sublayer))
             except ValueError as err:
-                raise ValueError(f"--{sublayer}-attn-fn: {err}") from None
+                raise UsageError(f"--{sublayer}-attn-fn: {err}") from None
             sublayer_k = getattr(self, f"{sublayer}_attn_k")
             if sublayer_k is not None:
                 check_k(sublayer_k, f"--{sublayer}-attn-k")
@@ -157,7 +158,34 @@ class SparseModelOptions:
         if self.encoder_prune_pattern is not None:
             check_pattern(self.encoder_prune_pattern)
         if self.encoder_prune_pattern and (self.l0drop or self.l0drop_every_layer):
-            raise ValueError("--encoder-prune-pattern replaces L0Drop's learned gates: use it without --l0drop")
+            raise UsageError("--encoder-prune-pattern replaces L0Drop's learned gates: use it without --l0drop")
+
+    def ignored(self) -> List[str]:
+        """Options given a value that nothing in this model reads (e.g. --attn-k 4 with softmax everywhere).
+        Only values other than the default are reported: fairseq fills defaults in, so a default cannot
+        be told from an option given on the command line (or stored in a checkpoint)."""
+        specs = {sublayer: get_attention(self.attn_fn_of(sublayer)) for sublayer in SUBLAYERS}
+        functions = ", ".join(f"{sublayer} {spec.name}" for sublayer, spec in specs.items())
+        notes = [f"--{sublayer}-attn-k {getattr(self, f'{sublayer}_attn_k')}: the {sublayer} function "
+                 f"{spec.name} does not take k" for sublayer, spec in specs.items()
+                 if getattr(self, f"{sublayer}_attn_k") is not None and not spec.uses_k]
+        if self.attn_k != DEFAULT_K and not any(
+                spec.uses_k and getattr(self, f"{sublayer}_attn_k") is None for sublayer, spec in specs.items()):
+            notes.append(f"--attn-k {self.attn_k}: no sublayer takes it ({functions})")
+        for name, value, default, uses in (("hard-train", self.hard_train, HARD_TRAIN_CHOICES[0], "uses_hard_train"),
+                                           ("attn-pattern-seed", self.attn_pattern_seed, DEFAULT_PATTERN_SEED,
+                                            "uses_pattern_seed")):
+            if value != default and not any(getattr(spec, uses) for spec in specs.values()):
+                notes.append(f"--{name} {value}: no sublayer's function reads it ({functions})")
+        gated = [("--l0drop-gate-init " + self.l0drop_gate_init, self.l0drop_gate_init != GATE_INITS[0]),
+                 ("--l0drop-mask-pruned", self.l0drop_mask_pruned), ("--l0drop-every-layer", self.l0drop_every_layer)]
+        notes += [f"{option}: without --l0drop there are no gates" for option, given in gated if given and not self.l0drop]
+        if not self.l0drop_compress and not self.uses_gated_encoder:
+            notes.append("l0drop_compress False: nothing prunes the encoder outputs, there is nothing to compress")
+        if self.encoder_prune_pos_table and self.encoder_prune_pattern != "pos":
+            notes.append(f"--encoder-prune-pos-table: read by --encoder-prune-pattern pos only (here "
+                         f"{self.encoder_prune_pattern})")
+        return notes
 
     def attn_fn_of(self, sublayer: str) -> str:
         return getattr(self, f"{sublayer}_attn_fn")

@@ -13,6 +13,7 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from ..errors import UsageError
 from ..modules.sparse_multihead_attention import SparseMultiheadAttention
 from .options import SparseModelOptions
 
@@ -44,7 +45,7 @@ class SparseTransformerEncoderLayer(TransformerEncoderLayerBase):
 class SparseTransformerDecoderLayer(TransformerDecoderLayerBase):
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if cfg.cross_self_attention:
-            raise ValueError("transformer_sparse does not support --cross-self-attention")
+            raise UsageError("transformer_sparse does not support --cross-self-attention")
         return build_sparse_attention(
             cfg, "decoder", embed_dim, cfg.decoder.attention_heads, self_attention=True,
             add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,

@@ -19,6 +19,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
 )
 
+from ..errors import CheckpointMismatchError, UsageError
 from .l0drop import L0DropTransformerDecoder, L0DropTransformerEncoder
 from .options import SparseModelOptions, set_default
 from .sparse_layers import SparseTransformerDecoder, SparseTransformerEncoder
@@ -40,7 +41,9 @@ class SparseTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         SparseModelOptions.fill_defaults(args)
-        SparseModelOptions.from_cfg(args)  # one clear error for a bad option, before anything is built
+        options = SparseModelOptions.from_cfg(args)  # one clear error for a bad option, before anything is built
+        for note in options.ignored():
+            logger.warning(f"ignored: {note}")
         return answer_to_stock_dropout_names(super().build_model(args, task))
 
     def __init__(self, args, encoder, decoder):
@@ -51,7 +54,7 @@ class SparseTransformerModel(TransformerModel):
         self.full_context_alignment = options.full_context_alignment
         layers = len(decoder.layers)
         if self.alignment_layer is not None and not 0 <= self.alignment_layer < layers:
-            raise ValueError(f"--alignment-layer {self.alignment_layer}: the decoder has layers 0..{layers - 1}")
+            raise UsageError(f"--alignment-layer {self.alignment_layer}: the decoder has layers 0..{layers - 1}")
 
     def aligns(self) -> bool:
         """Whether transformer_align's options are set (else every forward is fairseq's transformer's)."""
@@ -89,7 +92,7 @@ class SparseTransformerModel(TransformerModel):
             # a model of other sizes has the same names: without shapes the message would say "0 missing, 0 unexpected"
             reshaped = [f"{k} {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} here"
                         for k, v in state_dict.items() if k in own and hasattr(v, "shape") and v.shape != own[k].shape]
-            raise RuntimeError(
+            raise CheckpointMismatchError(
                 f"checkpoint parameters do not fit this transformer_sparse model ({self.attention_summary()}): "
                 f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}), "
                 f"{len(reshaped)} of another shape (e.g. {reshaped[:2]}). "

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import UsageError
+
 BETA = 2.0 / 3.0
 GAMMA, ZETA = -0.1, 1.1
 # ``open`` initialisation: with w = 0 and this bias, g_hat = 1 and P(g = 0) = 1 - sigmoid(3 - beta *
@@ -32,7 +34,7 @@ GATE_INITS = ("official", "open")
 
 def check_gate_init(init: str) -> str:
     if init not in GATE_INITS:
-        raise ValueError(f"--l0drop-gate-init must be one of {', '.join(GATE_INITS)}, got {init!r}")
+        raise UsageError(f"--l0drop-gate-init must be one of {', '.join(GATE_INITS)}, got {init!r}")
     return init
 
 

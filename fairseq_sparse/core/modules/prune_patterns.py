@@ -24,6 +24,7 @@ from fairseq.data import Dictionary
 from omegaconf import OmegaConf, open_dict
 from torch import Tensor, nn
 
+from ..errors import UsageError
 from .l0drop import GateOutput
 
 PATTERNS = ("group", "freq", "inv_freq", "pos")
@@ -85,7 +86,7 @@ def joiner_types(dictionary: Dictionary) -> Tensor:
 
 def check_pattern(pattern: str) -> str:
     if pattern not in PATTERNS:
-        raise ValueError(f"--encoder-prune-pattern must be one of {', '.join(PATTERNS)}, got {pattern!r}")
+        raise UsageError(f"--encoder-prune-pattern must be one of {', '.join(PATTERNS)}, got {pattern!r}")
     return pattern
 
 
@@ -105,7 +106,7 @@ class RulePatternGate(nn.Module):
             pass  # a placeholder of the right size: loading the checkpoint's state fills it in
         elif pattern == "pos":
             if pos_table is None:
-                raise ValueError("--encoder-prune-pattern pos needs --encoder-prune-pos-table FILE")
+                raise UsageError("--encoder-prune-pattern pos needs --encoder-prune-pos-table FILE")
             prunable = table_from_file(dictionary, pos_table)
         self.register_buffer("prunable_types", prunable)
         self.register_buffer("joiner_types", joiner_types(dictionary))

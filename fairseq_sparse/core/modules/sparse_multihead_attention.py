@@ -27,6 +27,7 @@ import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
+from ..errors import UsageError
 from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, AttentionContext, check_hard_train, check_k, get_attention
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from .attention_masks import as_bool, combine_masks
@@ -52,15 +53,15 @@ class SparseMultiheadAttention(MultiheadAttention):
         **kwargs,
     ):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
-            raise ValueError("SparseMultiheadAttention does not support add_bias_kv / add_zero_attn")
+            raise UsageError("SparseMultiheadAttention does not support add_bias_kv / add_zero_attn")
         if kwargs.get("xformers_att_config"):
-            raise ValueError("SparseMultiheadAttention does not run through xformers")
+            raise UsageError("SparseMultiheadAttention does not run through xformers")
         kwargs.pop("xformers_att_config", None)
         super().__init__(embed_dim, num_heads, **kwargs)
         self.spec = get_attention(attn_fn)
         self.attn_fn = attn_fn
         if self.spec.self_attention_only and not self.self_attention:
-            raise ValueError(f"attention function {attn_fn!r} is defined for self-attention only, not encoder-decoder attention")
+            raise UsageError(f"attention function {attn_fn!r} is defined for self-attention only, not encoder-decoder attention")
         self.pattern_seed = pattern_seed
         self.attn_k = check_k(attn_k)
         self.hard_train = check_hard_train(hard_train)
@@ -174,7 +175,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         )
         if key_counts is not None:
             if not self.spec.supports_key_counts:
-                raise ValueError(f"attention function {self.attn_fn!r} cannot read a compressed (counted) memory")
+                raise UsageError(f"attention function {self.attn_fn!r} cannot read a compressed (counted) memory")
             ctx.key_counts = key_counts[:, None, None, :].float()
         if self.spec.uses_positions:
             ctx.query_positions, ctx.key_positions = self._positions(key_padding_mask, k.size(2), tgt_len, incremental_state)

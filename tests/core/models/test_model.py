@@ -229,6 +229,35 @@ def test_bad_model_options_are_one_clear_error(given, message):
         SparseModelOptions.from_cfg(argparse.Namespace(**given))
 
 
+@pytest.mark.parametrize("given, ignored", [
+    (dict(attn_k=4), "--attn-k 4: no sublayer takes it (encoder softmax, decoder softmax, cross softmax)"),
+    (dict(attn_k=4, encoder_attn_fn="topk", encoder_attn_k=2), "--attn-k 4: no sublayer takes it"),
+    (dict(cross_attn_k=2, encoder_attn_fn="topk"), "--cross-attn-k 2: the cross function softmax does not take k"),
+    (dict(hard_train="argmax", decoder_attn_fn="topk"), "--hard-train argmax: no sublayer's function reads it"),
+    (dict(attn_pattern_seed=7, encoder_attn_fn="window"), "--attn-pattern-seed 7: no sublayer's function reads it"),
+    (dict(l0drop_mask_pruned=True), "--l0drop-mask-pruned: without --l0drop there are no gates"),
+    (dict(l0drop_every_layer=True), "--l0drop-every-layer: without --l0drop there are no gates"),
+    (dict(l0drop_gate_init="open"), "--l0drop-gate-init open: without --l0drop there are no gates"),
+    (dict(l0drop_compress=False), "l0drop_compress False: nothing prunes the encoder outputs"),
+    (dict(encoder_prune_pos_table="types.txt", encoder_prune_pattern="freq"), "read by --encoder-prune-pattern pos only"),
+])
+def test_options_nothing_reads_are_named_in_a_warning(given, ignored, caplog):
+    notes = SparseModelOptions.from_cfg(argparse.Namespace(**given)).ignored()
+    assert len(notes) == 1 and ignored in notes[0], notes
+    build_model(**given)
+    assert any(record.levelname == "WARNING" and ignored in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("given", [
+    dict(attn_k=4, encoder_attn_fn="topk"), dict(cross_attn_k=2, cross_attn_fn="topk"),
+    dict(hard_train="argmax", decoder_attn_fn="hard"), dict(attn_pattern_seed=7, encoder_attn_fn="random"),
+    dict(l0drop=True, l0drop_mask_pruned=True, l0drop_gate_init="open", l0drop_compress=False),
+    dict(attn_k=8), dict(),  # defaults cannot be told from given values: never reported
+])
+def test_options_something_reads_are_not_reported(given):
+    assert SparseModelOptions.from_cfg(argparse.Namespace(**given)).ignored() == []
+
+
 def test_options_missing_from_an_old_checkpoint_take_their_defaults():
     old = argparse.Namespace(encoder_attn_fn="topk", attn_k=4)  # saved before the other options existed
     options = SparseModelOptions.from_cfg(old)

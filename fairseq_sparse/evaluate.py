@@ -28,6 +28,7 @@ from typing import Callable, List, Sequence
 
 from sacrebleu.metrics import BLEU
 
+from .core.errors import UsageError
 from .data.document_blocks import SEPARATOR, split_block
 
 
@@ -43,11 +44,11 @@ def read_hypotheses(generate_output: str, lang: str, detok: str = "moses") -> Li
         if match and int(match.group(1)) not in chosen:
             chosen[int(match.group(1))] = undo_subwords(match.group(2))
     if not chosen:
-        raise ValueError(f"no D- lines in {generate_output}: is it fairseq-generate output?")
+        raise UsageError(f"no D- lines in {generate_output}: is it fairseq-generate output?")
     detokenize = detokenizer(lang, detok)
     chosen = {i: detokenize(h) for i, h in chosen.items()}
     if sorted(chosen) != list(range(len(chosen))):
-        raise ValueError(f"{generate_output}: hypothesis ids are not 0..{len(chosen) - 1}; was generation cut short?")
+        raise UsageError(f"{generate_output}: hypothesis ids are not 0..{len(chosen) - 1}; was generation cut short?")
     return [chosen[i] for i in range(len(chosen))]
 
 
@@ -67,7 +68,7 @@ def undo_subwords(line: str) -> str:
 
 def corpus_bleu(hypotheses: List[str], references: List[str], tokenize: str = "13a", lowercase: bool = False):
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+        raise UsageError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     metric = BLEU(tokenize=tokenize, lowercase=lowercase)
     return metric.corpus_score(hypotheses, [references]), metric.get_signature()
 
@@ -77,7 +78,7 @@ def read_block_documents(block_map: str) -> List[int]:
     with open(block_map, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     if not rows or "document" not in rows[0]:
-        raise ValueError(f"{block_map}: not a block map (a TSV with a 'document' column)")
+        raise UsageError(f"{block_map}: not a block map (a TSV with a 'document' column)")
     return [int(row["document"]) for row in rows]
 
 
@@ -91,9 +92,9 @@ def documents_from_blocks(
     consecutive and in order, and documents are numbered 0, 1, ... as the map says.
     """
     if len(blocks) != len(block_documents):
-        raise ValueError(f"{len(blocks)} translated blocks but {len(block_documents)} blocks in the map")
+        raise UsageError(f"{len(blocks)} translated blocks but {len(block_documents)} blocks in the map")
     if list(block_documents) != sorted(block_documents) or sorted(set(block_documents)) != list(range(len(set(block_documents)))):
-        raise ValueError("the block map must list documents 0, 1, ... in order, each block after the previous one")
+        raise UsageError("the block map must list documents 0, 1, ... in order, each block after the previous one")
     documents: List[List[str]] = [[] for _ in set(block_documents)]
     for block, document in zip(blocks, block_documents):
         documents[document].extend(detokenize(s) for s in split_block(block, separator, drop_empty=True))

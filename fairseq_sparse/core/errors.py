@@ -3,8 +3,8 @@
 fairseq's console scripts catch nothing: an error raised while a model is built or a checkpoint
 loaded reaches the user as a traceback, and fairseq's trainer re-raises a failed checkpoint load
 as its own "Cannot load model parameters ...; please ensure that the architectures match", so the
-plugin's explanation would sit in the middle of two tracebacks. In ``fairseq-*`` commands, an
-uncaught exception that a ``UsageError`` caused (anywhere in its chain) prints that error's message
+plugin's explanation would sit in the middle of two tracebacks. In ``fairseq-*`` commands and this
+package's own (``python -m fairseq_sparse.NAME``), an uncaught exception that a ``UsageError`` caused (anywhere in its chain) prints that error's message
 as one line instead; ``FAIRSEQ_SPARSE_TRACEBACK=1`` shows the traceback. Every other exception
 keeps Python's report.
 """
@@ -32,16 +32,31 @@ def usage_error_in_chain(err: Optional[BaseException]) -> Optional[UsageError]:
     return None
 
 
+def command_name() -> Optional[str]:
+    """The running command if it is one of fairseq's console scripts or of this package
+    (``python -m fairseq_sparse.evaluate``: ``evaluate``), else None."""
+    path = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    name = os.path.basename(path)
+    if name.startswith("fairseq-"):
+        return name
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if path.endswith(".py") and os.path.abspath(path).startswith(package + os.sep):
+        stem = os.path.splitext(name)[0]
+        return os.path.basename(os.path.dirname(path)) if stem == "__main__" else stem
+    return None
+
+
 def report_usage_errors_in_one_line() -> None:
-    """Install the one-line report in a ``fairseq-*`` console script (no other program's hook is touched)."""
-    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if not program.startswith("fairseq-") or getattr(sys.excepthook, "reports_usage_errors", False):
+    """Install the one-line report. The command is looked at when an exception arrives (``python -m``
+    names its module in ``sys.argv`` only after importing the package): any other program's
+    exceptions go to the hook that was there before."""
+    if getattr(sys.excepthook, "reports_usage_errors", False):
         return
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
-        usage = usage_error_in_chain(value)
-        if usage is None or os.environ.get("FAIRSEQ_SPARSE_TRACEBACK"):
+        usage, program = usage_error_in_chain(value), command_name()
+        if usage is None or program is None or os.environ.get("FAIRSEQ_SPARSE_TRACEBACK"):
             return previous(kind, value, traceback)
         print(f"{program}: error: {usage}", file=sys.stderr)
 

@@ -1,7 +1,9 @@
 """The two ways a table run fails: its configuration, or one of its commands."""
 
+from ..core.errors import UsageError
 
-class ConfigError(Exception):
+
+class ConfigError(UsageError):
     """A table configuration that cannot be run; the message names the file and the entry."""
 
 

@@ -43,3 +43,18 @@ def test_fairseq_commands_print_one_line_and_fail():
 def test_the_traceback_on_request_and_in_other_programs():
     for result in (run("/usr/bin/fairseq-train", FAIRSEQ_SPARSE_TRACEBACK="1"), run("my_script.py")):
         assert result.returncode == 1 and "Traceback" in result.stderr and "Exception: wrapped" in result.stderr
+
+
+def test_the_packages_own_commands_print_one_line(tmp_path):
+    not_generate_output = tmp_path / "gen.out"
+    not_generate_output.write_text("H-0\t-0.1\ta b\n")
+    broken_table = tmp_path / "t.yaml"
+    broken_table.write_text("name: t\n  title: [\n")
+    for argv, line in (
+        (["fairseq_sparse.evaluate", str(not_generate_output), str(not_generate_output)],
+         f"evaluate: error: no D- lines in {not_generate_output}: is it fairseq-generate output?"),
+        (["fairseq_sparse.tables", str(broken_table), "--dry-run"],
+         f"tables: error: {broken_table}: not valid YAML at line 2, column 8: mapping values are not allowed here"),
+    ):
+        result = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and result.stderr.strip() == line, result.stderr[-2000:]

@@ -350,34 +350,32 @@ def allowed_tokens(lprobs_at: torch.Tensor, position: int, model) -> torch.Tenso
     return allowed
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_sampling_topk_draws_each_token_from_the_k_most_likely(lab, method):
+def sampled_tokens(lab, method: str, decoding: Sequence[str]):
+    """(log-probabilities the sampler chose from, base 2, and the chosen token id) at every position of
+    every hypothesis of a sampling decoding; the last eos may be forced by the length bound."""
     model = lab.model(method)
-    for sentence in lab.decode(method, *SAMPLING_TOPK):
-        assert len(sentence.hypotheses) == 2
-        for hypothesis in sentence.hypotheses:
-            lprobs = model_log_probs(model, sentence.source, hypothesis.tokens)
-            ids = token_ids(model, hypothesis)
-            for position in range(len(hypothesis.tokens)):  # the last eos may be forced by the length bound
-                allowed = allowed_tokens(lprobs[position], position, model)
-                more_likely = (allowed > allowed[ids[position]] + 1e-4).sum().item()
-                assert more_likely < 3, (hypothesis.tokens, position)
-            assert_scored_by_the_model(model, sentence, hypothesis)
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_sampling_topp_draws_each_token_from_the_nucleus(lab, method):
-    model = lab.model(method)
-    for sentence in lab.decode(method, *SAMPLING_TOPP):
+    for sentence in lab.decode(method, *decoding):
         assert len(sentence.hypotheses) == 2
         for hypothesis in sentence.hypotheses:
             lprobs = model_log_probs(model, sentence.source, hypothesis.tokens)
             ids = token_ids(model, hypothesis)
             for position in range(len(hypothesis.tokens)):
-                probs = allowed_tokens(lprobs[position], position, model).exp2()
-                # fairseq keeps the most likely tokens until their mass reaches p, that one included
-                mass_before = probs[probs > probs[ids[position]] * (1 + 1e-4)].sum().item()
-                assert mass_before < 0.5 + 1e-4, (hypothesis.tokens, position)
+                yield allowed_tokens(lprobs[position], position, model), ids[position]
+            assert_scored_by_the_model(model, sentence, hypothesis)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sampling_topk_draws_each_token_from_the_k_most_likely(lab, method):
+    for allowed, chosen in sampled_tokens(lab, method, SAMPLING_TOPK):
+        assert (allowed > allowed[chosen] + 1e-4).sum().item() < 3
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sampling_topp_draws_each_token_from_the_nucleus(lab, method):
+    for allowed, chosen in sampled_tokens(lab, method, SAMPLING_TOPP):
+        probs = allowed.exp2()
+        # fairseq keeps the most likely tokens until their mass reaches p, that one included
+        assert probs[probs > probs[chosen] * (1 + 1e-4)].sum().item() < 0.5 + 1e-4
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -4,8 +4,8 @@
 # CPU in all; every finished step is kept, so run it again to go on where it stopped, and
 # `bash scripts/study.sh --report-only` writes the tables from what has finished so far.
 # Order: the diagnosis of the disagreements (study_diagnosis: one change at a time, 10 epochs), the core rows
-# on De-En with the papers' recipe (study_de_en_faithful), then with the first recipe (study_de_en: finished,
-# kept), the sweeps on De-En, the core rows on Fr-En.
+# on De-En with the papers' recipe (study_de_en_faithful), the disagreeing rows at a larger size (study_scale),
+# the core rows with the first recipe (study_de_en: finished, kept), the sweeps on De-En, the core rows on Fr-En.
 #
 #   bash scripts/study.sh                # train, decode, analyse; tables under runs/tables/study_*/paper
 #   bash scripts/study.sh --report-only  # tables (Markdown, CSV, PNG) from the finished steps
@@ -21,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
-for table in ${TABLES:-study_diagnosis study_de_en_faithful study_de_en study_sweeps study_fr_en}; do
+for table in ${TABLES:-study_diagnosis study_de_en_faithful study_scale study_de_en study_sweeps study_fr_en}; do
     .venv/bin/python -m fairseq_sparse.tables "$table" --profile paper --jobs "${JOBS:-2}" --record results/study "$@" || status=$?
 done
 exit ${status:-0}

@@ -128,6 +128,14 @@ def test_a_continuation_carries_on_its_base_runs_last_checkpoint(configs, tmp_pa
     assert train.needs == (plan.model_key(ds, plan.table.row("a"), 1),)
 
 
+def test_a_bfloat16_row_trains_with_the_trainer_that_reads_bf16_as_bfloat16(configs, tmp_path):
+    body = GOOD.replace("{id: b, label: B, reuse: a}", "{id: b, label: B, args: '--bf16'}")
+    plan = tables.Plan(load_table(write_table(configs, body), "paper", configs), tmp_path, tmp_path / "data", None)
+    ds = plan.table.datasets["iwslt14_de_en"]
+    assert plan.train_argv(ds, plan.table.row("b"), 1)[1:3] == ["-m", "fairseq_sparse.train"]
+    assert Path(plan.train_argv(ds, plan.table.row("a"), 1)[0]).name == "fairseq-train"
+
+
 def test_a_speed_column_times_the_row_and_its_baseline_in_one_run(configs, tmp_path):
     """Speed ratios come from one command decoding both models in turn (not from two decodes run at
     different times); the baseline against itself needs no command."""

@@ -70,6 +70,15 @@ class SparseMultiheadAttention(MultiheadAttention):
         )
         self.head_params = self.spec.build_head_params(num_heads) if self.spec.build_head_params else None
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every submodule before compiling: one clear error instead of
+        # TorchScript's complaint about the first Python construct it meets in the registry's call path
+        raise UsageError(
+            f"the attention module ({self.extra_repr()}) cannot be compiled by TorchScript: it calls its attention "
+            "function through the plugin's Python registry. Decode with the eager model (fairseq-generate, "
+            "fairseq-interactive, the hub interface)"
+        )
+
     def extra_repr(self) -> str:
         k = f", k={self.attn_k}" if self.spec.uses_k else ""
         return f"attn_fn={self.attn_fn}{k}, heads={self.num_heads}"

@@ -81,6 +81,13 @@ def test_bad_configuration_is_one_clear_error(configs, change, message):
     assert message in str(info.value)
 
 
+def test_a_record_that_is_a_file_is_one_clear_error(tmp_path, capsys):
+    not_a_folder = tmp_path / "results.csv"
+    not_a_folder.write_text("")
+    assert tables.main(["demo", "--record", str(not_a_folder), "--report-only", "--out", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.strip() == f"tables: error: --record {not_a_folder}: a file, not a folder (the folder the finished cells are kept in)"
+
+
 def test_unknown_profile_and_missing_file(configs):
     with pytest.raises(ConfigError, match="unknown profile"):
         load_table(write_table(configs, GOOD), "fast", configs)

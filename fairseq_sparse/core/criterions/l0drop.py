@@ -55,8 +55,8 @@ class L0DropCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     )
 
 
-class MissingGatesError(ValueError):
-    pass
+class MissingGatesError(UsageError):
+    """The L0-regularised criterion on a model without gates."""
 
 
 def check_normalization(normalization: str) -> str:

@@ -160,6 +160,13 @@ class SparseModelOptions:
         if self.encoder_prune_pattern and (self.l0drop or self.l0drop_every_layer):
             raise UsageError("--encoder-prune-pattern replaces L0Drop's learned gates: use it without --l0drop")
 
+    def unpenalised(self, criterion: Optional[str]) -> Optional[str]:
+        """A warning when L0Drop's gates train under a criterion without the L0 penalty (they then stay open)."""
+        if self.l0drop and criterion and not criterion.endswith("_l0drop"):
+            return (f"--l0drop with --criterion {criterion}: the gates get no L0 penalty and stay open; "
+                    "train with --criterion label_smoothed_cross_entropy_l0drop (--l0-lambda 0 for no penalty)")
+        return None
+
     def ignored(self) -> List[str]:
         """Options given a value that nothing in this model reads (e.g. --attn-k 4 with softmax everywhere).
         Only values other than the default are reported: fairseq fills defaults in, so a default cannot

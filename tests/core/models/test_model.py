@@ -272,6 +272,15 @@ def test_options_something_reads_are_not_reported(given):
     assert SparseModelOptions.from_cfg(argparse.Namespace(**given)).ignored() == []
 
 
+def test_gates_without_the_l0_penalty_are_named_in_a_warning(caplog):
+    build_model(l0drop=True, criterion="label_smoothed_cross_entropy")
+    assert any("the gates get no L0 penalty" in record.getMessage() for record in caplog.records)
+    caplog.clear()
+    build_model(l0drop=True, criterion="label_smoothed_cross_entropy_l0drop")
+    build_model(criterion="label_smoothed_cross_entropy")
+    assert not any("L0 penalty" in record.getMessage() for record in caplog.records)
+
+
 def test_options_missing_from_an_old_checkpoint_take_their_defaults():
     old = argparse.Namespace(encoder_attn_fn="topk", attn_k=4)  # saved before the other options existed
     options = SparseModelOptions.from_cfg(old)

@@ -68,6 +68,9 @@ def average(paths: List[Path]) -> dict:
         state["cfg"] = OmegaConf.to_container(state["cfg"], resolve=True, enum_to_str=True)
     dtypes = {k: v.dtype for k, v in state["model"].items()}
     state["model"] = {k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v for k, v in sums.items()}
+    # the optimizer state left in is the newest checkpoint's, not the average's: marked, so that a
+    # continuation (python -m fairseq_sparse.train --continue-from) refuses to pair the two
+    state.setdefault("extra_state", {})["averaged_from"] = [path.name for path in paths]
     return state
 
 

@@ -39,21 +39,26 @@ class Continuation:
 
 def base_updates(state: dict, path: str) -> int:
     history = state.get("optimizer_history") or []
+    if "averaged_from" in (state.get("extra_state") or {}):
+        raise ContinuationError(f"{path} is an average of checkpoints: its optimizer state belongs to the newest "
+                                "of them, not to the averaged weights. Continue from the base run's checkpoint_last.pt")
     if not history or state.get("last_optimizer_state") is None:
-        raise ContinuationError(f"{path} has no optimizer state (an averaged or exported checkpoint?): continue from "
+        raise ContinuationError(f"{path} has no optimizer state (saved with --no-save-optimizer-state?): continue from "
                                 "the base run's checkpoint_last.pt")
     return int(history[-1]["num_updates"])
 
 
-def trainable_names(model: torch.nn.Module, criterion: torch.nn.Module) -> List[str]:
-    """Names of the parameters in the order fairseq's trainer hands them to the optimizer."""
-    return [f"model.{n}" for n, p in model.named_parameters() if p.requires_grad] + [
-        f"criterion.{n}" for n, p in criterion.named_parameters() if p.requires_grad]
+def trainable(model: torch.nn.Module, criterion: torch.nn.Module) -> Dict[str, torch.Size]:
+    """Names and shapes of the parameters, in the order fairseq's trainer hands them to the optimizer."""
+    named = [(f"model.{n}", p) for n, p in model.named_parameters()]
+    named += [(f"criterion.{n}", p) for n, p in criterion.named_parameters()]
+    return {name: p.shape for name, p in named if p.requires_grad}
 
 
-def map_optimizer_state(optimizer_state: dict, base_names: List[str], new_names: List[str],
-                        new_shapes: Dict[str, torch.Size], path: str) -> dict:
-    """The base's optimizer state re-indexed for the new parameter list (by name)."""
+def map_optimizer_state(optimizer_state: dict, base_names: List[str], new_shapes: Dict[str, torch.Size],
+                        path: str) -> dict:
+    """The base's optimizer state re-indexed for the new parameters (``new_shapes``' order), by name."""
+    new_names = list(new_shapes)
     groups = optimizer_state["param_groups"]
     if len(groups) != 1 or len(groups[0]["params"]) != len(base_names):
         raise ContinuationError(
@@ -92,13 +97,11 @@ def continuation_state(cfg: DictConfig, base: dict, path: str) -> dict:
     task = tasks.setup_task(cfg.task)
     model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     base_model, base_criterion = task.build_model(base_cfg.model), task.build_criterion(base_cfg.criterion)
-    new_names = trainable_names(model, criterion)
-    shapes = dict(zip(new_names, (p.shape for p in model.parameters() if p.requires_grad)))
-    shapes.update(zip(new_names[len(shapes):], (p.shape for p in criterion.parameters() if p.requires_grad)))
-    optimizer_state = map_optimizer_state(base["last_optimizer_state"], trainable_names(base_model, base_criterion),
-                                          new_names, shapes, path)
+    shapes = trainable(model, criterion)
+    optimizer_state = map_optimizer_state(base["last_optimizer_state"], list(trainable(base_model, base_criterion)),
+                                          shapes, path)
     history = {**base["optimizer_history"][-1], "criterion_name": criterion.__class__.__name__}
-    added = len(new_names) - len(optimizer_state["state"])
+    added = len(shapes) - len(optimizer_state["state"])
     logger.info(f"continuing {path} at update {history['num_updates']}: optimizer state of "
                 f"{len(optimizer_state['state'])} parameter tensors kept, {added} start afresh")
     # the configuration as fairseq's trainer saves it (plain containers: the safe loader rejects omegaconf's types)

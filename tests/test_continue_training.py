@@ -2,6 +2,7 @@
 its optimizer state and schedule kept (L0Drop's official fine-tune)."""
 
 import re
+import shutil
 import subprocess
 import sys
 
@@ -89,13 +90,24 @@ def test_a_continuation_that_cannot_be_is_one_line(bible, base, tmp_path, extra,
     assert message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
 
 
-def test_an_averaged_checkpoint_cannot_be_continued(bible, base, tmp_path):
-    averaged = tmp_path / "averaged.pt"
-    subprocess.run([sys.executable, "-m", "fairseq_sparse.average_checkpoints", str(base.parent), "--last", "1",
-                    "--by", "update", "--output", str(averaged)], check=True, capture_output=True, timeout=300)
+@pytest.mark.parametrize("kind, message", [
+    ("averaged", "is an average of checkpoints: its optimizer state belongs to the newest of them"),
+    ("exported", "has no optimizer state"),
+])
+def test_a_checkpoint_without_its_own_optimizer_state_cannot_be_continued(bible, base, tmp_path, kind, message):
+    given = tmp_path / f"{kind}.pt"
+    if kind == "averaged":  # average_checkpoints keeps the newest checkpoint's optimizer state
+        (tmp_path / "epochs").mkdir()
+        shutil.copy(base, tmp_path / "epochs" / "checkpoint1.pt")
+        subprocess.run([sys.executable, "-m", "fairseq_sparse.average_checkpoints", str(tmp_path / "epochs"), "--last",
+                        "1", "--output", str(given)], check=True, capture_output=True, timeout=300)
+    else:  # weights only, as --no-save-optimizer-state writes them
+        state = torch.load(base, weights_only=False)
+        state["last_optimizer_state"] = None
+        torch.save(state, given)
     result = subprocess.run(
         [sys.executable, "-m", "fairseq_sparse.train", str(bible / "bin"), "--user-dir", USER_DIR, *TINY_MODEL,
          "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "2000", "--cpu", *SCHEDULE,
-         "--save-dir", str(tmp_path / "run"), "--continue-from", str(averaged), "--continue-updates", "1"],
+         "--save-dir", str(tmp_path / "run"), "--continue-from", str(given), "--continue-updates", "1"],
         capture_output=True, text=True, timeout=300)
-    assert result.returncode != 0 and "no optimizer state" in result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]

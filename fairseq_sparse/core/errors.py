@@ -4,9 +4,9 @@ fairseq's console scripts catch nothing: an error raised while a model is built 
 loaded reaches the user as a traceback, and fairseq's trainer re-raises a failed checkpoint load
 as its own "Cannot load model parameters ...; please ensure that the architectures match", so the
 plugin's explanation would sit in the middle of two tracebacks. In ``fairseq-*`` commands and this
-package's own (``python -m fairseq_sparse.NAME``), an uncaught exception that a ``UsageError`` caused (anywhere in its chain) prints that error's message
-as one line instead; ``FAIRSEQ_SPARSE_TRACEBACK=1`` shows the traceback. Every other exception
-keeps Python's report.
+package's own (``python -m fairseq_sparse.NAME``), an uncaught exception that a ``UsageError``
+caused (anywhere in its chain) prints that error's message as one line instead;
+``FAIRSEQ_SPARSE_TRACEBACK=1`` shows the traceback. Every other exception keeps Python's report.
 """
 
 import os

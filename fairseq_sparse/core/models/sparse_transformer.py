@@ -44,8 +44,9 @@ class SparseTransformerModel(TransformerModel):
         options = SparseModelOptions.from_cfg(args)  # one clear error for a bad option, before anything is built
         for note in options.ignored():
             logger.warning(f"ignored: {note}")
-        if options.unpenalised(getattr(args, "criterion", None)):
-            logger.warning(options.unpenalised(args.criterion))
+        unpenalised = options.unpenalised(getattr(args, "criterion", None))
+        if unpenalised:
+            logger.warning(unpenalised)
         return answer_to_stock_dropout_names(super().build_model(args, task))
 
     def __init__(self, args, encoder, decoder):

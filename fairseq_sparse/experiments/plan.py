@@ -106,7 +106,7 @@ class Plan:
             # schedule, meters and data order reset) only while the run has no checkpoint_last.pt
             extra = ["--finetune-from-model", str(self.checkpoint(ds, self.table.row(row.finetune_from), seed))]
         if row.continue_from:
-            # the base's own last checkpoint: an averaged one has no optimizer state to carry on
+            # the base run's own last checkpoint: an averaged one carries an optimizer state that is not its weights'
             base = self.run_dir(ds, self.table.row(row.continue_from), seed) / "checkpoints" / "checkpoint_last.pt"
             extra = ["--continue-from", str(base)]
         argv = merge_args(self.setting(ds, row)["train"], ds.train_args, row.args, (row.args_by_dataset or {}).get(ds.id),

@@ -10,6 +10,7 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_MODEL_REGISTRY, ARCH_CONFIG_REGISTRY
 
 import fairseq_sparse  # noqa: F401  (registers the model)
+from fairseq_sparse.core.models.sparse_layers import SparseTransformerEncoder
 
 VOCAB = 20
 
@@ -57,6 +58,19 @@ def random_batch(lengths, tgt_lengths, seed=0, pad=1, eos=2) -> Dict[str, torch.
         prev[i, :m] = torch.randint(4, 4 + VOCAB, (m,), generator=gen)
         prev[i, 0] = eos
     return {"src_tokens": src, "src_lengths": torch.tensor(lengths), "prev_output_tokens": prev}
+
+
+def close_some_gates(model, batch, seed=0):
+    """Random gate weights, centred on this batch, so that about half of its encodings are pruned."""
+    gen = torch.Generator().manual_seed(seed)
+    gate = model.encoder.l0drop_gate.log_alpha
+    with torch.no_grad():
+        gate.weight.copy_(torch.randn(gate.weight.shape, generator=gen) * 3.0)
+        gate.bias.fill_(0.0)
+        encoded = SparseTransformerEncoder.forward(model.encoder, batch["src_tokens"], batch["src_lengths"])
+        real = batch["src_tokens"].ne(1).t()
+        gate.bias.fill_(-gate(encoded["encoder_out"][0]).squeeze(-1)[real].median().item())
+    return model
 
 
 # ---------------------------------------------------------------- a tiny binarised bitext and in-process fairseq

@@ -70,7 +70,7 @@ class TrainStep:
                                                  ignore_index=self.pad)
         if "l0drop_expected_l0" in extra:  # L0Drop eq. 12, normalised as label_smoothed_cross_entropy_l0drop does
             src_tokens = batch["src_tokens"].ne(self.pad).sum()
-            loss = loss + L0_LAMBDA * extra["l0drop_expected_l0"].sum() / src_tokens
+            loss = loss + L0_LAMBDA * extra["l0drop_expected_l0"][0].sum() / src_tokens
         loss.backward()
         self.optimizers[row].step()
 

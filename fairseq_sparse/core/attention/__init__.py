@@ -9,6 +9,7 @@ from .registry import (  # noqa: F401
     attention_names,
     check_hard_train,
     check_k,
+    function_module,
     get_attention,
     register_attention,
 )

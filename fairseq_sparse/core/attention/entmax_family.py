@@ -1,4 +1,7 @@
-"""sparsemax, 1.5-entmax and learned alpha-entmax (Correia et al., 2019), from the ``entmax`` package."""
+"""sparsemax, 1.5-entmax and learned alpha-entmax (Correia et al., 2019), from the ``entmax`` package.
+
+The package's mappings are autograd Functions with Python-side bookkeeping, which TorchScript
+cannot compile: these functions are registered ``scriptable=False`` (eager models only)."""
 
 from typing import Optional
 
@@ -23,14 +26,14 @@ def _entmax_family(mapping, scores: Tensor, mask: Optional[Tensor], **kwargs) ->
     return mapping(z, dim=-1, **kwargs).masked_fill(mask, 0.0)
 
 
-@register_attention("sparsemax")
+@register_attention("sparsemax", scriptable=False)
 def sparsemax_attention(scores, values, mask, ctx) -> AttentionOutput:
     """Sparsemax attention (Martins & Astudillo, 2016), from the entmax package."""
     weights = _entmax_family(sparsemax, scores, mask)
     return attend(weights, values, ctx), weights
 
 
-@register_attention("entmax15")
+@register_attention("entmax15", scriptable=False)
 def entmax15_attention(scores, values, mask, ctx) -> AttentionOutput:
     """1.5-entmax attention (Peters et al., 2019), from the entmax package."""
     weights = _entmax_family(entmax15, scores, mask)
@@ -44,14 +47,15 @@ class LearnedAlpha(nn.Module):
         super().__init__()
         self.pre_alpha = nn.Parameter(torch.zeros(num_heads))  # alpha starts at 1.5
 
-    def alpha(self) -> Tensor:
+    def forward(self) -> Tensor:
+        """(H,) the alphas, handed to the attention function as ctx.head_params."""
         return (1.0 + torch.sigmoid(self.pre_alpha.float())).clamp(1.01, 2.0)
 
 
-@register_attention("entmax_alpha", build_head_params=LearnedAlpha)
+@register_attention("entmax_alpha", build_head_params=LearnedAlpha, scriptable=False)
 def entmax_alpha_attention(scores, values, mask, ctx) -> AttentionOutput:
     """alpha-entmax attention with a learned alpha per head (entmax_bisect; Correia et al., 2019)."""
     # Expanding here (not inside entmax_bisect) lets autograd sum alpha's gradient over rows.
-    alpha = ctx.head_params.alpha().view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    alpha = ctx.head_params.view(-1, 1, 1).expand(*scores.shape[:-1], 1)
     weights = _entmax_family(entmax_bisect, scores, mask, alpha=alpha)
     return attend(weights, values, ctx), weights

@@ -9,14 +9,20 @@ returns weights in float32; the value product runs in the dtype of ``values``.
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .registry import AttentionContext, AttentionOutput, register_attention
 
 
+def attention_dropout(weights: Tensor, ctx: AttentionContext) -> Tensor:
+    """Attention dropout at rate ``ctx.dropout_p`` (0 outside training unless fairseq retains it)."""
+    return F.dropout(weights, ctx.dropout_p, True) if ctx.dropout_p > 0 else weights
+
+
 def attend(weights: Tensor, values: Tensor, ctx: AttentionContext) -> Tensor:
     """(*, H, T, S) weights x (*, H, S, D) values -> (*, H, T, D), with attention dropout."""
-    return torch.matmul(ctx.dropout(weights).to(values.dtype), values)
+    return torch.matmul(attention_dropout(weights, ctx).to(values.dtype), values)
 
 
 def fill_masked(x: Tensor, mask: Optional[Tensor], value: float) -> Tensor:
@@ -45,7 +51,8 @@ def softmax_of_filled(filled: Tensor, mask: Optional[Tensor]) -> Tensor:
 
 def with_key_counts(scores: Tensor, ctx: AttentionContext) -> Tensor:
     """Scores of c identical keys, for softmax: exp(s + log c) = c * exp(s)."""
-    return scores if ctx.key_counts is None else scores + ctx.key_counts.log()
+    key_counts = ctx.key_counts
+    return scores if key_counts is None else scores + key_counts.log()
 
 
 # Rows at least this long find their k-th largest score with topk (unsorted, then its minimum),
@@ -55,7 +62,7 @@ def with_key_counts(scores: Tensor, ctx: AttentionContext) -> Tensor:
 TOPK_FROM_KEYS = 24
 
 
-def kth_largest(masked: Tensor, k: int, key_counts: Optional[Tensor] = None) -> Tensor:
+def kth_largest(masked: Tensor, k: int, key_counts: Optional[Tensor] = None, topk_from_keys: int = TOPK_FROM_KEYS) -> Tensor:
     """(*, T, 1) the k-th largest of each row of ``masked`` (-inf at masked keys).
 
     With key counts the k-th largest is taken over the multiset (a key of count c fills
@@ -64,7 +71,7 @@ def kth_largest(masked: Tensor, k: int, key_counts: Optional[Tensor] = None) -> 
     num_keys = masked.size(-1)
     if key_counts is None:
         k = min(k, num_keys)
-        if num_keys >= TOPK_FROM_KEYS or masked.is_cuda:  # a partial sort of k: about 4x faster than kthvalue at 512 keys (CPU)
+        if num_keys >= topk_from_keys or masked.is_cuda:  # a partial sort of k: about 4x faster than kthvalue at 512 keys (CPU)
             return masked.topk(k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
         # the k-th largest is the (S - k + 1)-th smallest: one kthvalue (faster for short rows)
         return masked.kthvalue(num_keys - k + 1, dim=-1, keepdim=True).values
@@ -96,7 +103,7 @@ def register_selection(name: str, reads_scores: bool = False, **options):
     """
 
     def wrap(select):
-        def attention(scores, values, mask, ctx) -> AttentionOutput:
+        def attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
             weights = masked_softmax(scores, select(scores, mask, ctx))
             return attend(weights, values, ctx), weights
 
@@ -107,31 +114,32 @@ def register_selection(name: str, reads_scores: bool = False, **options):
     return wrap
 
 
-def visible_keys(scores, mask, ctx) -> Optional[Tensor]:
+def visible_keys(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Optional[Tensor]:
     """Softmax's selection: every key the mask leaves."""
     return mask
 
 
-def topk_selection(scores, mask, ctx) -> Optional[Tensor]:
+def topk_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Optional[Tensor]:
     """Top-k's selection: the k largest scores of each query among the visible keys."""
     return topk_mask(scores, mask, ctx.k, ctx.key_counts)
 
 
 @register_attention("softmax", supports_key_counts=True, selection=visible_keys)
-def softmax_attention(scores, values, mask, ctx) -> AttentionOutput:
+def softmax_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
     """Scaled dot-product attention (Vaswani et al., 2017)."""
     weights = masked_softmax(with_key_counts(scores, ctx), mask)
     return attend(weights, values, ctx), weights
 
 
 @register_attention("topk", uses_k=True, supports_key_counts=True, selection=topk_selection, selection_reads_scores=True)
-def topk_attention(scores, values, mask, ctx) -> AttentionOutput:
+def topk_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
     """Explicit sparse attention: softmax over the k largest scores of each query (Zhao et al., 2019)."""
-    if ctx.key_counts is None and ctx.k >= scores.size(-1):
+    key_counts = ctx.key_counts
+    if key_counts is None and ctx.k >= scores.size(-1):
         weights = masked_softmax(scores, mask)
         return attend(weights, values, ctx), weights
     # the same selection as topk_mask, with fewer passes over the scores (this runs every decoding step)
     masked = fill_masked(scores, mask, float("-inf"))
-    selected = masked.masked_fill(masked < kth_largest(masked, ctx.k, ctx.key_counts), float("-inf"))
+    selected = masked.masked_fill(masked < kth_largest(masked, ctx.k, key_counts), float("-inf"))
     weights = softmax_of_filled(with_key_counts(selected, ctx), mask)
     return attend(weights, values, ctx), weights

@@ -1,12 +1,13 @@
 """Hard retrieval attention (Xu et al., 2021): one key per head, sampled in training and taken by
 argmax at inference, whose value row is gathered instead of a weighted sum."""
 
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .functions import fill_masked, masked_softmax
-from .registry import AttentionOutput, register_attention
+from .functions import attention_dropout, fill_masked, masked_softmax
+from .registry import AttentionContext, AttentionOutput, register_attention
 
 
 class _RetrieveRows(torch.autograd.Function):
@@ -45,24 +46,42 @@ def sum_to_shape(x: Tensor, shape: torch.Size) -> Tensor:
 
 def retrieve_rows(values: Tensor, indices: Tensor) -> Tensor:
     """Gather one value row per query: (*, H, S, D) values, (*, H, T) indices -> (*, H, T, D)."""
-    num_keys, dim = values.shape[-2:]
-    if values.is_contiguous() and values.shape[:-2] == indices.shape[:-1]:
+    num_keys, dim = values.size(-2), values.size(-1)
+    leading: List[int] = list(indices.shape[:-1])
+    rows_shape: List[int] = list(indices.shape) + [dim]
+    if values.is_contiguous() and list(values.shape[:-2]) == leading:
         # Plain row indexing into the flattened values is several times faster than gather on CPU.
         offsets = torch.arange(0, values.numel() // dim, num_keys, device=values.device)
-        rows = indices + offsets.view(*indices.shape[:-1], 1)
-        return values.view(-1, dim)[rows.view(-1)].view(*indices.shape, dim)
-    rows = values.expand(*indices.shape[:-1], num_keys, dim)
-    return torch.gather(rows, -2, indices.unsqueeze(-1).expand(*indices.shape, dim))
+        rows = indices + offsets.view(leading + [1])
+        return values.view(-1, dim)[rows.view(-1)].view(rows_shape)
+    expanded = values.expand(leading + [num_keys, dim])
+    return torch.gather(expanded, -2, indices.unsqueeze(-1).expand(rows_shape))
 
 
 def _one_hot_weights(indices: Tensor, num_keys: int) -> Tensor:
-    weights = torch.zeros(*indices.shape, num_keys, dtype=torch.float32, device=indices.device)
+    weights = torch.zeros(list(indices.shape) + [num_keys], dtype=torch.float32, device=indices.device)
     return weights.scatter_(-1, indices.unsqueeze(-1), 1.0)
+
+
+@torch.jit.unused  # training only: a scripted model decodes, and autograd Functions do not script
+def _sampled_rows(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tuple[Tensor, Tensor, Tensor]:
+    """Training: the rows read (straight-through), the softmax weights, and the rows with nothing to read."""
+    probs = masked_softmax(scores, mask)
+    dropped = attention_dropout(probs, ctx)
+    # A row with nothing left to pick (all keys masked, or all dropped out) reads a
+    # zero row, as soft attention would; multinomial needs some mass, so give it one.
+    empty_rows = dropped.sum(dim=-1) == 0
+    if ctx.hard_train == "argmax":
+        indices = dropped.argmax(dim=-1)
+    else:
+        sample_from = dropped.masked_fill(empty_rows.unsqueeze(-1), 1.0)
+        indices = torch.multinomial(sample_from.reshape(-1, scores.size(-1)), 1).view(sample_from.shape[:-1])
+    return _RetrieveRows.apply(dropped, values, indices), probs, empty_rows
 
 
 # Counts need no handling: c identical keys have one argmax value and one value row.
 @register_attention("hard", uses_hard_train=True, supports_key_counts=True, ties_to_first_key=True)
-def hard_retrieval_attention(scores, values, mask, ctx) -> AttentionOutput:
+def hard_retrieval_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
     """Hard retrieval attention: each head reads exactly one value row (Xu et al., 2021).
 
     Training draws the row from the softmax (after attention dropout), or takes its
@@ -71,27 +90,16 @@ def hard_retrieval_attention(scores, values, mask, ctx) -> AttentionOutput:
     A query with no unmasked key reads a zero row.
     """
     if ctx.training:
-        probs = masked_softmax(scores, mask)
-        dropped = ctx.dropout(probs)
-        # A row with nothing left to pick (all keys masked, or all dropped out) reads a
-        # zero row, as soft attention would; multinomial needs some mass, so give it one.
-        empty_rows = dropped.sum(dim=-1) == 0
-        if ctx.hard_train == "argmax":
-            indices = dropped.argmax(dim=-1)
-        else:
-            sample_from = dropped.masked_fill(empty_rows.unsqueeze(-1), 1.0)
-            indices = torch.multinomial(sample_from.reshape(-1, scores.size(-1)), 1).view(sample_from.shape[:-1])
-        output = _RetrieveRows.apply(dropped, values, indices)
-        weights = probs
-    else:
-        empty_rows = None if mask is None else mask.all(dim=-1)
-        if empty_rows is not None and not empty_rows.any():
-            empty_rows = None  # the usual case: skip two full-size fills
-        indices = fill_masked(scores, mask, float("-inf")).argmax(dim=-1)
-        output = retrieve_rows(values, indices)
-        weights = _one_hot_weights(indices, scores.size(-1)) if ctx.need_weights else None
-        if weights is not None and empty_rows is not None:
-            weights = weights.masked_fill(empty_rows.unsqueeze(-1), 0.0)
-    if empty_rows is not None:
-        output = output.masked_fill(empty_rows.unsqueeze(-1), 0.0)
+        output, probs, empty_rows = _sampled_rows(scores, values, mask, ctx)
+        return output.masked_fill(empty_rows.unsqueeze(-1), 0.0), probs
+    empty: Optional[Tensor] = None if mask is None else mask.all(dim=-1)
+    if empty is not None and not bool(empty.any()):
+        empty = None  # the usual case: skip two full-size fills
+    indices = fill_masked(scores, mask, float("-inf")).argmax(dim=-1)
+    output = retrieve_rows(values, indices)
+    weights: Optional[Tensor] = _one_hot_weights(indices, scores.size(-1)) if ctx.need_weights else None
+    if empty is not None:
+        output = output.masked_fill(empty.unsqueeze(-1), 0.0)
+        if weights is not None:
+            weights = weights.masked_fill(empty.unsqueeze(-1), 0.0)
     return output, weights

@@ -35,7 +35,9 @@ registers such a method from its selection alone. Functions that need parameters
 normalisation of the head outputs) declare builders in the register call; the
 attention module owns the resulting modules and hands them over in ``ctx``.
 
-Adding a method costs one function and one ``@register_attention`` line.
+Adding a method costs one function and one ``@register_attention`` line. The function is typed as
+above (``mask: Optional[Tensor]``, ``ctx: AttentionContext``): TorchScript compiles it into scripted
+models, through ``function_module``; one it cannot compile registers ``scriptable=False``.
 """
 
 from dataclasses import dataclass
@@ -54,27 +56,47 @@ DEFAULT_K = 8
 HARD_TRAIN_CHOICES = ("sample", "argmax")
 
 
-@dataclass
 class AttentionContext:
-    """Everything an attention function may need besides scores, values and mask."""
+    """Everything an attention function may need besides scores, values and mask.
 
-    k: int = DEFAULT_K
-    training: bool = False
-    need_weights: bool = True
-    dropout: Callable[[Tensor], Tensor] = lambda x: x
-    hard_train: str = HARD_TRAIN_CHOICES[0]  # how `hard` picks its key in training
-    head_params: Optional[nn.Module] = None
-    self_attention: bool = True
-    # Only for functions registered with uses_positions=True. Positions count real
-    # tokens (padding excluded), so left-padded sources and incremental decoding see
-    # the same numbers as a lone, unpadded sentence in a full forward pass.
-    query_positions: Optional[Tensor] = None  # (B or 1, 1, T) long
-    key_positions: Optional[Tensor] = None  # (B or 1, 1, S) long; -1 at left padding
-    seed: int = 0  # for functions with random patterns
-    # Multiplicity of each key, (B or 1, 1, 1, S) float, or None (every key once). L0Drop's
-    # compressed memory stands one zero slot in for its c pruned encodings; a function
-    # registered with supports_key_counts must treat it exactly as c identical keys.
-    key_counts: Optional[Tensor] = None
+    A plain class of tensors and numbers (not a dataclass), so that TorchScript compiles it with
+    the functions that read it. TorchScript does not narrow an optional attribute after a test:
+    a function reads one into a local first (``counts = ctx.key_counts; if counts is not None``).
+    """
+
+    def __init__(
+        self,
+        k: int = DEFAULT_K,
+        training: bool = False,
+        need_weights: bool = True,
+        dropout_p: float = 0.0,
+        hard_train: str = "sample",
+        head_params: Optional[Tensor] = None,
+        self_attention: bool = True,
+        query_positions: Optional[Tensor] = None,
+        key_positions: Optional[Tensor] = None,
+        seed: int = 0,
+        key_counts: Optional[Tensor] = None,
+    ):
+        self.k = k
+        self.training = training
+        self.need_weights = need_weights
+        # attention dropout rate where it applies (training, or fairseq's --retain-dropout), else 0
+        self.dropout_p = dropout_p
+        self.hard_train = hard_train  # how `hard` picks its key in training (HARD_TRAIN_CHOICES)
+        # what the function's build_head_params module returns this call (entmax_alpha: one alpha per head)
+        self.head_params = head_params
+        self.self_attention = self_attention
+        # Only for functions registered with uses_positions=True. Positions count real
+        # tokens (padding excluded), so left-padded sources and incremental decoding see
+        # the same numbers as a lone, unpadded sentence in a full forward pass.
+        self.query_positions = query_positions  # (B or 1, 1, T) long
+        self.key_positions = key_positions  # (B or 1, 1, S) long; -1 at left padding
+        self.seed = seed  # for functions with random patterns
+        # Multiplicity of each key, (B or 1, 1, 1, S) float, or None (every key once). L0Drop's
+        # compressed memory stands one zero slot in for its c pruned encodings; a function
+        # registered with supports_key_counts must treat it exactly as c identical keys.
+        self.key_counts = key_counts
 
 
 @dataclass(frozen=True)
@@ -88,7 +110,8 @@ class AttentionSpec:
     # Builds a module applied to the concatenated head outputs, (T, B, embed_dim),
     # before the output projection (ReLA's normalisation). Called as (embed_dim, head_dim).
     build_output_norm: Optional[Callable[[int, int], nn.Module]] = None
-    # Builds per-head parameters handed to `fn` as ctx.head_params. Called as (num_heads,).
+    # Builds a module of per-head parameters, called as (num_heads,); what its forward() returns is
+    # handed to `fn` as ctx.head_params.
     build_head_params: Optional[Callable[[int], nn.Module]] = None
     # ctx.query_positions / ctx.key_positions are filled in (a little work per call).
     uses_positions: bool = False
@@ -105,6 +128,9 @@ class AttentionSpec:
     # For a score-free selection: every key it leaves lies within band(k) real-token positions
     # of its query (block, window, dilated), so at length only those candidates are evaluated.
     selection_band: Optional[Callable[[int], int]] = None
+    # TorchScript compiles `fn` (typed arguments, no Python-only constructs on its inference path);
+    # False for functions of libraries that TorchScript cannot compile (the entmax package)
+    scriptable: bool = True
     description: str = ""
 
 
@@ -118,11 +144,30 @@ def register_attention(name: str, **capabilities):
     def wrap(fn):
         if name in _REGISTRY:
             raise ValueError(f"attention function {name!r} is registered twice")
+        if "<locals>" in fn.__qualname__:
+            # functions built by a factory (the ReLA variants, the selections) share one qualified
+            # name, under which TorchScript would compile only the first of them
+            fn.__qualname__ = f"{fn.__qualname__}_{name}"
         description = (fn.__doc__ or "").strip().split("\n")[0]
         _REGISTRY[name] = AttentionSpec(name=name, fn=fn, description=description, **capabilities)
         return fn
 
     return wrap
+
+
+def function_module(spec: AttentionSpec) -> nn.Module:
+    """``spec.fn`` as a module without parameters: the form in which TorchScript compiles an attention
+    module's call of its function (a scripted module cannot hold a plain Python function)."""
+    fn = spec.fn
+
+    class AttentionFunction(nn.Module):
+        def forward(self, scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
+            return fn(scores, values, mask, ctx)
+
+        def extra_repr(self) -> str:
+            return spec.name
+
+    return AttentionFunction()
 
 
 def attention_names() -> List[str]:

@@ -1,6 +1,7 @@
 """ReLA, rectified linear attention (Zhang et al., 2021), and the ablations of its Table 1."""
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -8,7 +9,7 @@ from torch import Tensor, nn
 
 from .functions import attend, fill_masked
 from .norms import RMSNorm
-from .registry import AttentionOutput, register_attention
+from .registry import AttentionContext, AttentionOutput, register_attention
 
 
 def _rectified(activation, doc: str):
@@ -18,10 +19,11 @@ def _rectified(activation, doc: str):
     its output is exactly 0 before the output norm.
     """
 
-    def rectified_attention(scores, values, mask, ctx) -> AttentionOutput:
+    def rectified_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
         weights = fill_masked(activation(scores), mask, 0.0)
-        if ctx.key_counts is not None:  # c identical keys add up their weights
-            weights = weights * ctx.key_counts
+        key_counts = ctx.key_counts
+        if key_counts is not None:  # c identical keys add up their weights
+            weights = weights * key_counts
         return attend(weights, values, ctx), weights
 
     rectified_attention.__doc__ = doc

@@ -33,6 +33,7 @@ from .registry import AttentionContext
 # Distance between attended neighbours of `dilated`: every other position, so a query
 # never sees its odd-distance neighbours (the "holes" of a dilated convolution).
 DILATION = 2
+# Module constants reach the functions as default arguments: TorchScript reads no global numbers.
 # Ranks are int64; this one sorts after every real rank.
 _NEVER = torch.iinfo(torch.int64).max
 _POSITION_BITS = 21  # random ranks append the key position (< 2M tokens) to break hash ties
@@ -49,11 +50,11 @@ def _positions(scores: Tensor, ctx: AttentionContext) -> Tuple[Tensor, Tensor]:
     Without positions in ctx (a bare call, no module), keys are 0..S-1 and
     self-attention queries are the last T keys, cross-attention queries 0..T-1.
     """
-    num_queries, num_keys = scores.shape[-2:]
-    if ctx.query_positions is not None and ctx.key_positions is not None:
-        keys = ctx.key_positions
+    num_queries, num_keys = scores.size(-2), scores.size(-1)
+    queries, keys = ctx.query_positions, ctx.key_positions
+    if queries is not None and keys is not None:
         # (B|1, 1, T, n): each query's own candidate keys (the gathered path), already per query
-        return ctx.query_positions.unsqueeze(-1), (keys if keys.dim() == 4 else keys.unsqueeze(-2))
+        return queries.unsqueeze(-1), (keys if keys.dim() == 4 else keys.unsqueeze(-2))
     keys = torch.arange(num_keys, device=scores.device)
     queries = keys[-num_queries:] if ctx.self_attention and num_queries <= num_keys else torch.arange(num_queries, device=scores.device)
     return queries.view(1, 1, -1, 1), keys.view(1, 1, 1, -1)
@@ -66,18 +67,19 @@ def _visible(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
     return ~mask
 
 
-def smallest_ranks(rank: Tensor, allowed: Tensor, n: int) -> Tensor:
+def smallest_ranks(rank: Tensor, allowed: Tensor, n: int, never: int = _NEVER) -> Tensor:
     """The ``n`` allowed keys of smallest rank for each query (every allowed key when fewer).
 
     rank: (..., T, S) int64, distinct within a query row; allowed: bool, broadcastable.
     Returns a bool tensor of the broadcast shape. Distinct ranks make the count exact.
     """
-    rank, allowed = torch.broadcast_tensors(rank, allowed)
+    broadcast = torch.broadcast_tensors(rank, allowed)
+    rank, allowed = broadcast[0], broadcast[1]
     if n <= 0:
         return torch.zeros_like(allowed)
     if n >= rank.size(-1):
         return allowed
-    ranked = rank.masked_fill(~allowed, _NEVER)
+    ranked = rank.masked_fill(~allowed, never)
     threshold = ranked.topk(n, dim=-1, largest=False, sorted=False).values.amax(dim=-1, keepdim=True)
     return allowed & (ranked <= threshold)
 
@@ -89,18 +91,18 @@ def neighbour_rank(query_pos: Tensor, key_pos: Tensor) -> Tensor:
     return 2 * offset.abs() - (offset < 0).long()
 
 
-def _mix32(x: Tensor) -> Tensor:
+def _mix32(x: Tensor, bits: int = _HASH_MASK) -> Tensor:
     """A 32-bit integer hash (xor-shift-multiply rounds) on int64 tensors holding values < 2**32.
 
     The multipliers are below 2**31, so every product fits in int64 without overflow.
     """
-    x = x & _HASH_MASK
-    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _HASH_MASK
-    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & _HASH_MASK
+    x = x & bits
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & bits
+    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & bits
     return x ^ (x >> 16)
 
 
-def random_rank(query_pos: Tensor, key_pos: Tensor, seed: int) -> Tensor:
+def random_rank(query_pos: Tensor, key_pos: Tensor, seed: int, position_bits: int = _POSITION_BITS) -> Tensor:
     """A pseudo-random rank per (seed, query position, key position), distinct per query.
 
     hash = mix(mix(mix(seed) ^ query) ^ key); the key position in the low bits breaks
@@ -109,7 +111,7 @@ def random_rank(query_pos: Tensor, key_pos: Tensor, seed: int) -> Tensor:
     """
     seeded = _mix32(torch.tensor(seed, dtype=torch.long, device=query_pos.device))
     hashed = _mix32(_mix32(seeded ^ query_pos) ^ key_pos)
-    return (hashed << _POSITION_BITS) | (key_pos.clamp(min=0) & ((1 << _POSITION_BITS) - 1))
+    return (hashed << position_bits) | (key_pos.clamp(min=0) & ((1 << position_bits) - 1))
 
 
 def pattern_selection(
@@ -151,8 +153,13 @@ def _within_dilated_k(k: int) -> int:
     return DILATION * k
 
 
+def _on_lattice(offset: Tensor, dilation: int = DILATION) -> Tensor:
+    """True at the key offsets a dilated pattern may attend (multiples of the dilation)."""
+    return offset.remainder(dilation) == 0
+
+
 @register_selection("block", uses_k=True, uses_positions=True, self_attention_only=True, selection_band=_within_k)
-def block_selection(scores, mask, ctx) -> Tensor:
+def block_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Block attention: positions are cut into blocks of k; a query attends within its block.
 
     scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
@@ -164,7 +171,7 @@ def block_selection(scores, mask, ctx) -> Tensor:
 
 
 @register_selection("window", uses_k=True, uses_positions=True, self_attention_only=True, selection_band=_within_k)
-def window_selection(scores, mask, ctx) -> Tensor:
+def window_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Window attention: each query attends to its k nearest visible positions.
 
     scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
@@ -179,7 +186,7 @@ def window_selection(scores, mask, ctx) -> Tensor:
 
 @register_selection("dilated", uses_k=True, uses_positions=True, self_attention_only=True,
                     selection_band=_within_dilated_k)
-def dilated_selection(scores, mask, ctx) -> Tensor:
+def dilated_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Dilated attention: the k nearest visible positions at even distance (dilation 2).
 
     scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
@@ -187,13 +194,13 @@ def dilated_selection(scores, mask, ctx) -> Tensor:
     neighbours are never attended.
     """
     query_pos, key_pos = _positions(scores, ctx)
-    on_lattice = (key_pos - query_pos).remainder(DILATION) == 0
+    on_lattice = _on_lattice(key_pos - query_pos)
     selected = smallest_ranks(neighbour_rank(query_pos, key_pos), _visible(scores, mask) & on_lattice, ctx.k)
     return ~selected
 
 
 @register_selection("global", uses_k=True, uses_positions=True, self_attention_only=True)
-def global_selection(scores, mask, ctx) -> Tensor:
+def global_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Global attention: positions 0..k-1 attend to all and are attended by all; nothing local.
 
     scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
@@ -206,7 +213,7 @@ def global_selection(scores, mask, ctx) -> Tensor:
 
 
 @register_selection("random", uses_k=True, uses_pattern_seed=True, uses_positions=True)
-def random_selection(scores, mask, ctx) -> Tensor:
+def random_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Random attention: k visible keys per query, chosen by a hash of (seed, query position, key position).
 
     scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
@@ -218,7 +225,7 @@ def random_selection(scores, mask, ctx) -> Tensor:
 
 
 @register_selection("bigbird", uses_k=True, uses_pattern_seed=True, uses_positions=True, self_attention_only=True)
-def bigbird_selection(scores, mask, ctx) -> Tensor:
+def bigbird_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """BigBird: k/4 global positions, then a window of k/2, then k/4 random keys (disjoint parts).
 
     scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
@@ -231,7 +238,7 @@ def bigbird_selection(scores, mask, ctx) -> Tensor:
 
 
 @register_selection("topk_oow", reads_scores=True, uses_k=True, uses_positions=True, self_attention_only=True)
-def topk_oow_selection(scores, mask, ctx) -> Tensor:
+def topk_oow_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Top-k (OOW): a window of ceil(k/2) nearest keys plus the top-floor(k/2) scores outside it.
 
     scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
@@ -245,5 +252,7 @@ def topk_oow_selection(scores, mask, ctx) -> Tensor:
     selected = window
     if num_top > 0:
         hidden_outside = ~(visible & ~window)
-        selected = window | ~topk_mask(scores, hidden_outside.expand_as(scores), num_top)
+        hidden_top = topk_mask(scores, hidden_outside.expand_as(scores), num_top)
+        if hidden_top is not None:  # (always: a mask in, a mask out)
+            selected = window | ~hidden_top
     return ~selected

@@ -114,9 +114,10 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         padding = sample["net_input"]["src_tokens"].eq(self.padding_idx)
         src_tokens = (~padding).sum()
-        expected_l0 = extra["l0drop_expected_l0"].sum()
+        gates_expected_l0 = extra["l0drop_expected_l0"][0]  # (B, S); a list, as every entry of fairseq's extra
+        expected_l0 = gates_expected_l0.sum()
         weight = self.current_lambda(model)
-        penalty = expected_open_rate(extra["l0drop_expected_l0"], padding, self.normalization)
+        penalty = expected_open_rate(gates_expected_l0, padding, self.normalization)
         loss = loss + weight * penalty.to(loss.dtype) * sample_size
         logging_output = {
             "loss": loss.data,
@@ -125,7 +126,7 @@ class L0DropCriterion(LabelSmoothedCrossEntropyCriterion):
             "nsentences": sample["target"].size(0),
             "sample_size": sample_size,
             "l0_open": expected_l0.data,
-            "l0_closed": extra["l0drop_closed"].sum().data,
+            "l0_closed": extra["l0drop_closed"][0].sum().data,
             "src_tokens": src_tokens.data,
             # logging outputs are summed over processes and --update-freq batches: log the
             # weight with a count, so reduce_metrics can average it back

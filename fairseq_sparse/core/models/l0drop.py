@@ -21,6 +21,7 @@ encoder decodes uncompressed and says so once.
 import logging
 from typing import Dict, List, Optional
 
+import torch
 from torch import Tensor
 
 from ..errors import UsageError
@@ -38,8 +39,15 @@ class GatedEncoderLayer(SparseTransformerEncoderLayer):
 
     A gated layer returns ``(x, expected L0 of its gate)``: fairseq's encoder collects each layer's
     second output in ``fc_results`` (with ``return_all_hiddens``), which is how the gates'
-    penalty reaches the encoder's output, also through activation checkpointing.
+    penalty reaches the encoder's output, also through activation checkpointing. Only encoders
+    with such gates build these layers.
     """
+
+    def __prepare_scriptable__(self):
+        # fairseq's encoder collects no layer's second output under TorchScript (forward_scriptable)
+        raise UsageError("a model with L0Drop gates after every encoder layer (--l0drop-every-layer) cannot be "
+                         "compiled by TorchScript: fairseq's encoder does not pass a layer's second output when "
+                         "scripted. Decode it with the eager model")
 
     def __init__(self, cfg, return_fc=False):
         if return_fc:
@@ -65,6 +73,7 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
         else:
             self.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim, options.l0drop_gate_init)
         self.mask_pruned = options.l0drop_mask_pruned
+        self.gated_layers = options.l0drop_every_layer
         self.compress = options.l0drop_compress
         cross_fn = options.cross_attn_fn
         if self.compress and not get_attention(cross_fn).supports_key_counts:
@@ -76,18 +85,20 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
                 layer.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim, options.l0drop_gate_init)
 
     def build_encoder_layer(self, cfg):
-        return wrap_layer(GatedEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+        if SparseModelOptions.from_cfg(cfg).l0drop_every_layer:
+            return wrap_layer(GatedEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+        return super().build_encoder_layer(cfg)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
                 token_embeddings: Optional[Tensor] = None):
-        gated_layers = any(getattr(layer, "l0drop_gate", None) is not None for layer in self.layers)
-        out = super().forward(src_tokens, src_lengths, return_all_hiddens or gated_layers, token_embeddings)
-        inner_expected_l0 = [l0 for l0 in out["fc_results"] if l0 is not None]
-        if gated_layers and not return_all_hiddens:
-            out["encoder_states"], out["fc_results"] = [], []
-        padding = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else src_tokens.eq(self.padding_idx)
+        # forward_scriptable is fairseq's encoder forward (super() does not script)
+        out = self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens or self.gated_layers, token_embeddings)
+        padding = out["encoder_padding_mask"][0]
         x, gate = self.l0drop_gate(out["encoder_out"][0], padding, src_tokens)
-        out["l0drop_expected_l0"] = [gate.expected_l0 + sum(inner_expected_l0)]
+        expected_l0 = gate.expected_l0
+        if self.gated_layers:
+            expected_l0 = expected_l0 + self._layers_expected_l0(out, return_all_hiddens)
+        out["l0drop_expected_l0"] = [expected_l0]
         out["l0drop_closed"] = [gate.closed]
         if self.training or not self.compress:
             # the official code hides pruned encodings in training only; at decoding they stay
@@ -104,27 +115,57 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
             out["encoder_gates"], out["encoder_source_padding"] = [gate.gates], [padding]
         return out
 
+    @torch.jit.unused  # only with gates after the layers, which do not script (GatedEncoderLayer)
+    def _layers_expected_l0(self, out: Dict[str, List[Tensor]], return_all_hiddens: bool) -> Tensor:
+        """The expected L0 of the gates after the encoder layers, (B, T), from fairseq's fc_results."""
+        expected_l0 = sum(l0 for l0 in out["fc_results"] if l0 is not None)
+        if not return_all_hiddens:  # asked for by this encoder, not by its caller
+            out["encoder_states"], out["fc_results"] = [], []
+        return expected_l0
+
+    @torch.jit.export
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
-        # Beam search reorders every step: carry the source-position map along, and drop the gate
-        # statistics, which only the criterion reads (from a forward pass, never reordered).
-        reordered = super().reorder_encoder_out(encoder_out, new_order)
-        for key in ("encoder_gates", "encoder_source_padding"):
-            if encoder_out.get(key):
-                reordered[key] = [encoder_out[key][0].index_select(0, new_order)]
+        """Beam search's reorder of every entry: (T, B, C) ones along dim 1, (B, ...) ones along dim 0.
+
+        The source-position map (--print-alignment from a compressed memory) moves with the memory; the
+        gate statistics, which only the criterion reads (from a forward pass), are dropped.
+        """
+        reordered: Dict[str, List[Tensor]] = {}
+        for key, values in encoder_out.items():
+            if key == "l0drop_expected_l0" or key == "l0drop_closed" or key == "fc_results":
+                continue  # (fairseq's reorder drops fc_results too: it may hold None)
+            dim = 1 if key == "encoder_out" or key == "encoder_states" else 0
+            reordered[key] = [value.index_select(dim, new_order) for value in values]
         return reordered
 
 
 class L0DropTransformerDecoder(SparseTransformerDecoder):
-    def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
-                incremental_state=None, **kwargs):
-        x, extra = super().forward(prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state, **kwargs)
-        if encoder_out is not None and encoder_out.get("encoder_gates") and extra.get("attn") and extra["attn"][0] is not None:
-            layer = kwargs.get("alignment_layer")
-            spec = self.layers[-1 if layer is None else layer].encoder_attn.spec
-            extra["attn"] = [source_attention(extra["attn"][0], encoder_out["encoder_gates"][0],
-                                              encoder_out["encoder_source_padding"][0],
-                                              first_pruned_only=spec.ties_to_first_key)]
-        if encoder_out is not None and encoder_out.get("l0drop_expected_l0"):
-            extra["l0drop_expected_l0"] = encoder_out["l0drop_expected_l0"][0]
-            extra["l0drop_closed"] = encoder_out["l0drop_closed"][0]
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection)
+        # how attention over the compressed memory's zero slot maps back to the pruned source positions
+        self.ties_to_first_key = get_attention(SparseModelOptions.from_cfg(cfg).cross_attn_fn).ties_to_first_key
+
+    def extract_features(
+        self,
+        prev_output_tokens,
+        encoder_out: Optional[Dict[str, List[Tensor]]],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        # extract_features_scriptable is fairseq's (super() does not script)
+        x, extra = self.extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
+                                                    full_context_alignment, alignment_layer, alignment_heads)
+        if encoder_out is None:
+            return x, extra
+        attn = extra["attn"][0]
+        gates = encoder_out.get("encoder_gates")
+        if attn is not None and gates is not None and len(gates) > 0:
+            source = source_attention(attn, gates[0], encoder_out["encoder_source_padding"][0], self.ties_to_first_key)
+            extra["attn"] = torch.jit.annotate(List[Optional[Tensor]], [source])
+        expected_l0 = encoder_out.get("l0drop_expected_l0")
+        if expected_l0 is not None and len(expected_l0) > 0:  # for the criterion
+            extra["l0drop_expected_l0"] = torch.jit.annotate(List[Optional[Tensor]], [expected_l0[0]])
+            extra["l0drop_closed"] = torch.jit.annotate(List[Optional[Tensor]], [encoder_out["l0drop_closed"][0]])
         return x, extra

@@ -201,6 +201,10 @@ class SparseModelOptions:
         sublayer_k = getattr(self, f"{sublayer}_attn_k")
         return sublayer_k if sublayer_k is not None else self.attn_k
 
+    def aligns(self) -> bool:
+        """Whether transformer_align's options are set (else every forward is fairseq's transformer's)."""
+        return self.alignment_layer is not None or self.alignment_heads is not None or bool(self.full_context_alignment)
+
     @property
     def uses_gated_encoder(self) -> bool:
         return bool(self.l0drop or self.encoder_prune_pattern)

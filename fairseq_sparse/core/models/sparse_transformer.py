@@ -47,7 +47,10 @@ class SparseTransformerModel(TransformerModel):
         unpenalised = options.unpenalised(getattr(args, "criterion", None))
         if unpenalised:
             logger.warning(unpenalised)
-        return answer_to_stock_dropout_names(super().build_model(args, task))
+        # transformer_align's options choose its forward in a subclass: this class keeps fairseq's
+        # own forward, which TorchScript compiles
+        model_class = SparseTransformerAlignModel if options.aligns() else cls
+        return answer_to_stock_dropout_names(super(SparseTransformerModel, model_class).build_model(args, task))
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
@@ -58,20 +61,6 @@ class SparseTransformerModel(TransformerModel):
         layers = len(decoder.layers)
         if self.alignment_layer is not None and not 0 <= self.alignment_layer < layers:
             raise UsageError(f"--alignment-layer {self.alignment_layer}: the decoder has layers 0..{layers - 1}")
-
-    def aligns(self) -> bool:
-        """Whether transformer_align's options are set (else every forward is fairseq's transformer's)."""
-        return self.alignment_layer is not None or self.alignment_heads is not None or self.full_context_alignment
-
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
-        if not self.aligns():
-            return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
-        return TransformerAlignModel.forward(self, src_tokens, src_lengths, prev_output_tokens)
-
-    def forward_decoder(self, prev_output_tokens, *args, **kwargs):
-        if not self.aligns():
-            return super().forward_decoder(prev_output_tokens, *args, **kwargs)
-        return TransformerAlignModel.forward_decoder(self, prev_output_tokens, *args, **kwargs)
 
     def set_num_updates(self, num_updates):
         self.num_updates = num_updates  # read by criteria that schedule a weight (the L0 lambda ramp)
@@ -115,6 +104,18 @@ class SparseTransformerModel(TransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         decoder = L0DropTransformerDecoder if SparseModelOptions.from_cfg(cfg).uses_gated_encoder else SparseTransformerDecoder
         return decoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+class SparseTransformerAlignModel(SparseTransformerModel):
+    """transformer_sparse with transformer_align's options (--alignment-layer, --alignment-heads,
+    --full-context-alignment): fairseq's TransformerAlignModel forwards, which read them. Built by
+    SparseTransformerModel.build_model when they are set; eager only, as stock's."""
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
+        return TransformerAlignModel.forward(self, src_tokens, src_lengths, prev_output_tokens)
+
+    def forward_decoder(self, prev_output_tokens, *args, **kwargs):
+        return TransformerAlignModel.forward_decoder(self, prev_output_tokens, *args, **kwargs)
 
 
 def stock_name(module_class: type) -> str:

@@ -2,7 +2,7 @@
 plus an optional additive bias, their rows for a chunk of queries, and the checks that let a
 path take the kernel's causal shortcut instead of building a (T, S) mask."""
 
-import dataclasses
+import copy
 from typing import Optional, Tuple
 
 import torch
@@ -48,7 +48,9 @@ def query_rows_of_context(ctx: AttentionContext, rows: slice) -> AttentionContex
     """``ctx`` for queries ``rows`` only: query positions are (B|1, 1, T)."""
     if ctx.query_positions is None:
         return ctx
-    return dataclasses.replace(ctx, query_positions=ctx.query_positions[..., rows])
+    rows_ctx = copy.copy(ctx)
+    rows_ctx.query_positions = ctx.query_positions[..., rows]
+    return rows_ctx
 
 
 def as_bool(mask: Optional[Tensor]) -> Optional[Tensor]:
@@ -68,15 +70,13 @@ def combine_masks(
     key_padding_mask: (B, S) bool, True at padding.
     Returns a mask broadcastable to (B, H, T, S) and a bias of shape (1, 1, T, S) or None.
     """
-    mask, bias = None, None
+    mask: Optional[Tensor] = None
+    bias: Optional[Tensor] = None
     if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            mask = attn_mask
-        else:
-            mask = attn_mask <= -1e4
-            if bool(((attn_mask != 0) & ~mask).any()):  # (fairseq's masks have none: no float copy then)
-                bias = attn_mask.float().masked_fill(mask, 0.0)[None, None]
-        mask = mask[None, None]
+        hidden = attn_mask if attn_mask.dtype == torch.bool else attn_mask <= -1e4
+        if attn_mask.dtype != torch.bool and bool(((attn_mask != 0) & ~hidden).any()):
+            bias = attn_mask.float().masked_fill(hidden, 0.0)[None, None]  # (fairseq's masks have none: no float copy then)
+        mask = hidden[None, None]
     if key_padding_mask is not None:
         padding = key_padding_mask[:, None, None, :]
         mask = padding if mask is None else mask | padding

@@ -24,7 +24,7 @@ query are dropped independently with probability p, as dense dropout drops them 
 random numbers differ from the dense path's: it draws S of them per query).
 """
 
-import dataclasses
+import copy
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
@@ -275,7 +275,8 @@ def plan_gathered(spec, q: Tensor, k: Tensor, ctx, causal: bool, mask_rows: Call
             query_index = torch.arange(r.start, r.stop, device=q.device)
             indices, positions, hidden = band_candidates(query_positions, first_key, num_real, query_index, band,
                                                          causal, num_keys)
-            rule_ctx = dataclasses.replace(ctx, query_positions=query_positions, key_positions=positions)
+            rule_ctx = copy.copy(ctx)
+            rule_ctx.query_positions, rule_ctx.key_positions = query_positions, positions
             placeholder = q.new_zeros(()).expand(hidden.shape)
             selected = pack_selected(~spec.selection(placeholder, hidden, rule_ctx))  # k of the 2 band + 1
             return Selection(indices=indices.gather(-1, selected.indices), empty=selected.empty)

@@ -11,8 +11,7 @@ which is often exactly 0 or 1. The expected L0 of a gate (eq. 10) is
 """
 
 import math
-from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +19,7 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 
+# (the constants reach the functions as default arguments: TorchScript reads no global numbers)
 BETA = 2.0 / 3.0
 GAMMA, ZETA = -0.1, 1.1
 # ``open`` initialisation: with w = 0 and this bias, g_hat = 1 and P(g = 0) = 1 - sigmoid(3 - beta *
@@ -38,28 +38,27 @@ def check_gate_init(init: str) -> str:
     return init
 
 
-@dataclass
-class GateOutput:
+class GateOutput(NamedTuple):  # a NamedTuple: TorchScript compiles it
     gates: Tensor  # (B, T) the gate applied: sampled in training, g_hat in evaluation; 0 at padding
     expected_l0: Tensor  # (B, T) 1 - P(g = 0); 0 at padding
     closed: Tensor  # (B, T) bool, g_hat == 0 at a real token (the paper's "pruned")
 
 
-def expected_gate(log_alpha: Tensor) -> Tensor:
+def expected_gate(log_alpha: Tensor, gamma: float = GAMMA, zeta: float = ZETA) -> Tensor:
     """g_hat of eq. 13."""
-    return (torch.sigmoid(log_alpha) * (ZETA - GAMMA) + GAMMA).clamp(0.0, 1.0)
+    return (torch.sigmoid(log_alpha) * (zeta - gamma) + gamma).clamp(0.0, 1.0)
 
 
-def probability_open(log_alpha: Tensor) -> Tensor:
+def probability_open(log_alpha: Tensor, beta: float = BETA, gamma: float = GAMMA, zeta: float = ZETA) -> Tensor:
     """1 - P(g = 0), the expected L0 norm of one gate (eq. 10)."""
-    return torch.sigmoid(log_alpha - BETA * math.log(-GAMMA / ZETA))
+    return torch.sigmoid(log_alpha - beta * math.log(-gamma / zeta))
 
 
-def sample_gate(log_alpha: Tensor) -> Tensor:
+def sample_gate(log_alpha: Tensor, beta: float = BETA, gamma: float = GAMMA, zeta: float = ZETA) -> Tensor:
     """A reparameterised hard-concrete sample (eqs. 6-8)."""
     u = torch.rand_like(log_alpha).clamp(1e-6, 1.0 - 1e-6)
-    s = torch.sigmoid((u.log() - (-u).log1p() + log_alpha) / BETA)
-    return (s * (ZETA - GAMMA) + GAMMA).clamp(0.0, 1.0)
+    s = torch.sigmoid((u.log() - (-u).log1p() + log_alpha) / beta)
+    return (s * (zeta - gamma) + gamma).clamp(0.0, 1.0)
 
 
 class HardConcreteGate(nn.Module):

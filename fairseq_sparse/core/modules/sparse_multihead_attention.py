@@ -19,6 +19,10 @@ Two paths compute it:
 * the registered function over float32 scores otherwise: weights requested (the
   decoder's alignment layer, the analysis tools), one query per call (incremental
   decoding, where stock fairseq is unfused too), and every other method.
+
+TorchScript compiles the second path only (``torch.jit.is_scripting()`` branches): the fused
+path's autograd Functions serve training, which a scripted model does not do, and the function
+is called through ``function_module``, as a scripted module cannot call a Python function object.
 """
 
 from typing import Dict, Optional, Tuple
@@ -28,7 +32,9 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
 from ..errors import UsageError
-from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, AttentionContext, check_hard_train, check_k, get_attention
+from ..attention import (
+    DEFAULT_K, HARD_TRAIN_CHOICES, AttentionContext, check_hard_train, check_k, function_module, get_attention,
+)
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from .attention_masks import as_bool, combine_masks
 from .l0drop import counted_padding
@@ -69,15 +75,20 @@ class SparseMultiheadAttention(MultiheadAttention):
             self.spec.build_output_norm(embed_dim, self.head_dim) if self.spec.build_output_norm else None
         )
         self.head_params = self.spec.build_head_params(num_heads) if self.spec.build_head_params else None
+        # what a scripted forward reads of the spec (TorchScript cannot read the spec itself)
+        self.attention_function = function_module(self.spec)
+        self.uses_positions = self.spec.uses_positions
 
     def __prepare_scriptable__(self):
         # torch.jit.script calls this on every submodule before compiling: one clear error instead of
-        # TorchScript's complaint about the first Python construct it meets in the registry's call path
-        raise UsageError(
-            f"the attention module ({self.extra_repr()}) cannot be compiled by TorchScript: it calls its attention "
-            "function through the plugin's Python registry. Decode with the eager model (fairseq-generate, "
-            "fairseq-interactive, the hub interface)"
-        )
+        # TorchScript's complaint about the first construct of the entmax package it meets
+        if not self.spec.scriptable:
+            raise UsageError(
+                f"attention function {self.attn_fn!r} cannot be compiled by TorchScript (it runs a library "
+                "TorchScript cannot compile). Decode with the eager model (fairseq-generate, fairseq-interactive, "
+                "the hub interface), or choose a scriptable function for this sublayer"
+            )
+        return self
 
     def extra_repr(self) -> str:
         k = f", k={self.attn_k}" if self.spec.uses_k else ""
@@ -92,14 +103,18 @@ class SparseMultiheadAttention(MultiheadAttention):
     def reorder_incremental_state(self, incremental_state: Optional[IncrementalState], new_order: Tensor):
         """Reorder the cache as beam search reorders hypotheses (rows of B x beam)."""
         saved = self._get_input_buffer(incremental_state)
-        if not saved:
+        if len(saved) == 0:
             return incremental_state
-        rows = next((value.size(0) for value in saved.values() if value is not None), None)
+        rows: Optional[int] = None
+        for value in saved.values():
+            if value is not None and rows is None:
+                rows = value.size(0)
         if self.encoder_decoder_attention and _moves_within_sentences(new_order, rows, self.beam_size):
             # every hypothesis of a sentence has the same cross-attention cache (keys and values
             # of that sentence's encoder output): a reorder within sentences changes nothing
             return incremental_state
-        for key, value in saved.items():
+        for key in list(saved.keys()):
+            value = saved[key]
             if value is not None:
                 saved[key] = value.index_select(0, new_order)
         return self._set_input_buffer(incremental_state, saved)
@@ -118,29 +133,36 @@ class SparseMultiheadAttention(MultiheadAttention):
         static_kv: bool,
     ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         """Project (or read from the cache) keys and values: each (B, H, S, d_h)."""
-        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
-        if saved is not None and static_kv and "prev_key" in saved:
-            return saved["prev_key"], saved["prev_value"], saved.get("prev_key_padding_mask")
+        if incremental_state is not None and static_kv:
+            saved = self._get_input_buffer(incremental_state)
+            prev_key, prev_value = saved.get("prev_key"), saved.get("prev_value")
+            if prev_key is not None and prev_value is not None:
+                return prev_key, prev_value, saved.get("prev_key_padding_mask")
 
-        source = query if self.self_attention else key
+        source = query
+        if not self.self_attention:
+            assert key is not None, "encoder-decoder attention needs keys"
+            source = key
         k = self._split_heads(self.k_proj(source))
         v = self._split_heads(self.v_proj(source))
         if incremental_state is None:
             return k, v, as_bool(key_padding_mask)
 
-        if saved is not None and "prev_key" in saved and not static_kv:
-            k = torch.cat([saved["prev_key"], k], dim=2)
-            v = torch.cat([saved["prev_value"], v], dim=2)
+        saved = self._get_input_buffer(incremental_state)
+        prev_key, prev_value = saved.get("prev_key"), saved.get("prev_value")
+        if prev_key is not None and prev_value is not None and not static_kv:
+            k = torch.cat([prev_key, k], dim=2)
+            v = torch.cat([prev_value, v], dim=2)
         key_padding_mask = self._append_prev_key_padding_mask(
             key_padding_mask=key_padding_mask,
-            prev_key_padding_mask=saved.get("prev_key_padding_mask") if saved else None,
+            prev_key_padding_mask=saved.get("prev_key_padding_mask"),
             batch_size=k.size(0),
             src_len=k.size(2),
             static_kv=static_kv,
         )
         key_padding_mask = as_bool(key_padding_mask)  # fairseq's helper returns floats
-        saved = saved if saved is not None else {}
-        saved["prev_key"], saved["prev_value"] = k, v
+        saved["prev_key"] = k
+        saved["prev_value"] = v
         saved["prev_key_padding_mask"] = key_padding_mask
         self._set_input_buffer(incremental_state, saved)
         return k, v, key_padding_mask
@@ -172,32 +194,32 @@ class SparseMultiheadAttention(MultiheadAttention):
         key_padding_mask, key_counts = counted_padding(key_padding_mask)
         q = self._split_heads(self.q_proj(query))  # unscaled: the kernel of the fused path scales it
         k, v, key_padding_mask = self._keys_and_values(query, key, key_padding_mask, incremental_state, static_kv)
+        dropout = self.dropout_module
         ctx = AttentionContext(
             k=self.attn_k,
             training=self.training,
             need_weights=need_weights,
-            dropout=self.dropout_module,
+            dropout_p=dropout.p if (dropout.training or dropout.apply_during_inference) else 0.0,
             hard_train=self.hard_train,
-            head_params=self.head_params,
+            head_params=None if self.head_params is None else self.head_params(),
             self_attention=self.self_attention,
             seed=self.pattern_seed,
         )
         if key_counts is not None:
-            if not self.spec.supports_key_counts:
-                raise UsageError(f"attention function {self.attn_fn!r} cannot read a compressed (counted) memory")
+            if not torch.jit.is_scripting():
+                self._check_reads_key_counts()
             ctx.key_counts = key_counts[:, None, None, :].float()
-        if self.spec.uses_positions:
-            ctx.query_positions, ctx.key_positions = self._positions(key_padding_mask, k.size(2), tgt_len, incremental_state)
+        if self.uses_positions:
+            positions = self._positions(key_padding_mask, k.size(2), tgt_len, incremental_state)
+            ctx.query_positions, ctx.key_positions = positions[0], positions[1]
         # One query per call (incremental decoding) has no (T, S) matrix to save: the plain
         # function is as lean and, measured on CPU, faster than the fused kernel there.
-        if self.spec.selection is not None and not need_weights and tgt_len > 1:
+        if torch.jit.is_scripting():
+            out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
+        elif self.spec.selection is not None and not need_weights and tgt_len > 1:
             out, weights = selected_softmax(self, q, k, v, ctx, (attn_mask, key_padding_mask)), None
         else:
-            mask, bias = combine_masks(attn_mask, key_padding_mask)
-            scores = torch.matmul(q * self.scaling, k.transpose(-1, -2)).float()  # (B, H, T, S)
-            if bias is not None:
-                scores = scores + bias
-            out, weights = self.spec.fn(scores, v, mask, ctx)
+            out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         if self.output_norm is not None:
@@ -208,6 +230,22 @@ class SparseMultiheadAttention(MultiheadAttention):
             return out, None
         weights = weights.transpose(0, 1)  # (H, B, T, S)
         return out, (weights if need_head_weights else weights.mean(dim=0))
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor]
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """The registered function over float32 scores: (B, H, T, d_h) output and (B, H, T, S) weights."""
+        mask, bias = combine_masks(attn_mask, key_padding_mask)
+        scores = torch.matmul(q * self.scaling, k.transpose(-1, -2)).float()  # (B, H, T, S)
+        if bias is not None:
+            scores = scores + bias
+        if torch.jit.is_scripting():
+            return self.attention_function(scores, v, mask, ctx)
+        return self.spec.fn(scores, v, mask, ctx)
+
+    def _check_reads_key_counts(self) -> None:
+        if not self.spec.supports_key_counts:
+            raise UsageError(f"attention function {self.attn_fn!r} cannot read a compressed (counted) memory")
 
     def _positions(
         self, key_padding_mask: Optional[Tensor], num_keys: int, tgt_len: int, incremental_state: Optional[IncrementalState]
@@ -229,9 +267,8 @@ class SparseMultiheadAttention(MultiheadAttention):
         query_positions = torch.arange(tgt_len, device=device)[None, None, :]
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
-            steps = saved.get("query_offset")
-            if steps is None:
-                steps = torch.zeros(key_positions.size(0), dtype=torch.long, device=device)
+            offset = saved.get("query_offset")
+            steps = torch.zeros(key_positions.size(0), dtype=torch.long, device=device) if offset is None else offset
             query_positions = query_positions + steps[:, None, None]
             saved["query_offset"] = steps + tgt_len
             self._set_input_buffer(incremental_state, saved)

@@ -26,7 +26,7 @@ def padding_mask(lengths=(S, 4)):
 
 def context(name, **kwargs):
     spec = get_attention(name)
-    head_params = spec.build_head_params(H) if spec.build_head_params else None
+    head_params = spec.build_head_params(H)() if spec.build_head_params else None
     kwargs.setdefault("k", CASES[name].k)
     return AttentionContext(head_params=head_params, **kwargs)
 
@@ -91,7 +91,7 @@ def test_gradcheck(name):
     mask = padding_mask()
     ctx = context(name)
     if ctx.head_params is not None:
-        ctx.head_params.double()
+        ctx.head_params = ctx.head_params.double()
     fn = get_attention(name).fn
 
     def output(s, v):
@@ -144,24 +144,25 @@ def test_sparsemax_and_entmax15_match_the_entmax_package(name, mapping):
 
 def test_entmax_alpha_learns_alpha_per_head():
     scores, values = make_inputs()
-    ctx = context("entmax_alpha", training=True)
-    assert isinstance(ctx.head_params, LearnedAlpha)
-    torch.testing.assert_close(ctx.head_params.alpha(), torch.full((H,), 1.5))
+    alphas = get_attention("entmax_alpha").build_head_params(H)
+    assert isinstance(alphas, LearnedAlpha)
+    torch.testing.assert_close(alphas(), torch.full((H,), 1.5))
+    ctx = AttentionContext(training=True, head_params=alphas())
     out, _ = get_attention("entmax_alpha").fn(scores, values, padding_mask(), ctx)
     (out * torch.randn_like(out)).sum().backward()
-    grad = ctx.head_params.pre_alpha.grad
+    grad = alphas.pre_alpha.grad
     assert grad is not None and torch.isfinite(grad).all() and (grad != 0).all()
     with torch.no_grad():
-        ctx.head_params.pre_alpha.fill_(-10.0)
-    assert torch.allclose(ctx.head_params.alpha(), torch.tensor(1.01))
+        alphas.pre_alpha.fill_(-10.0)
+    assert torch.allclose(alphas(), torch.tensor(1.01))
 
 
 def test_entmax_alpha_at_two_equals_sparsemax():
     scores, values = make_inputs(dtype=torch.float64)
-    ctx = context("entmax_alpha")
-    ctx.head_params.double()
+    alphas = get_attention("entmax_alpha").build_head_params(H)
     with torch.no_grad():
-        ctx.head_params.pre_alpha.fill_(30.0)  # sigmoid -> 1, alpha -> 2
+        alphas.pre_alpha.fill_(30.0)  # sigmoid -> 1, alpha -> 2
+    ctx = AttentionContext(head_params=alphas().double())
     _, weights = get_attention("entmax_alpha").fn(scores, values, None, ctx)
     torch.testing.assert_close(weights, sparsemax(scores, dim=-1), atol=1e-5, rtol=0)
 
@@ -225,12 +226,15 @@ def test_all_negative_scores_give_null_attention(name):
 
 
 @pytest.mark.parametrize("hard_train", ["sample", "argmax"])
-def test_hard_training_reads_nothing_when_dropout_removes_every_key(hard_train):
+def test_hard_training_reads_nothing_when_dropout_removes_every_key(hard_train, monkeypatch):
+    from fairseq_sparse.core.attention import hard_retrieval
+
     scores, values = make_inputs(requires_grad=True)
     drop_query_1 = torch.ones(B, H, T, S)
     drop_query_1[:, :, 1] = 0.0
+    monkeypatch.setattr(hard_retrieval, "attention_dropout", lambda p, ctx: p * drop_query_1)
 
-    ctx = AttentionContext(training=True, hard_train=hard_train, dropout=lambda p: p * drop_query_1)
+    ctx = AttentionContext(training=True, hard_train=hard_train, dropout_p=0.5)
     out, _ = get_attention("hard").fn(scores, values, None, ctx)
     assert (out[:, :, 1] == 0).all() and (out[:, :, 0] != 0).any()
     out.sum().backward()
@@ -238,7 +242,7 @@ def test_hard_training_reads_nothing_when_dropout_removes_every_key(hard_train):
 
 
 @pytest.mark.parametrize("num_keys", [30, 64, 300])  # both sides of TOPK_FROM_KEYS
-def test_kth_largest_is_the_same_by_kthvalue_and_by_topk(num_keys, monkeypatch):
+def test_kth_largest_is_the_same_by_kthvalue_and_by_topk(num_keys):
     from fairseq_sparse.core.attention import functions
 
     gen = torch.Generator().manual_seed(4)
@@ -247,8 +251,7 @@ def test_kth_largest_is_the_same_by_kthvalue_and_by_topk(num_keys, monkeypatch):
     scores[1, 0, 0, 2:] = float("-inf")  # fewer visible keys than k
     results = []
     for threshold in (10**9, 1):  # kthvalue only, then topk only
-        monkeypatch.setattr(functions, "TOPK_FROM_KEYS", threshold)
-        results.append([functions.kth_largest(scores, k) for k in (1, 8, num_keys, num_keys + 3)])
+        results.append([functions.kth_largest(scores, k, topk_from_keys=threshold) for k in (1, 8, num_keys, num_keys + 3)])
     for by_kthvalue, by_topk in zip(*results):
         assert torch.equal(by_kthvalue, by_topk)
     assert results[0][1][1, 0, 0].item() == float("-inf")

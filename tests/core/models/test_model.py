@@ -91,20 +91,6 @@ def test_softmax_checkpoint_decodes_with_parameter_free_functions():
         rela.load_state_dict(state)
 
 
-def test_torchscript_is_refused_with_one_clear_error():
-    """Not scriptable yet (the registry is called from Python): one error naming the attention module,
-    for the model and for fairseq's SequenceGenerator over it, instead of TorchScript's complaint."""
-    from fairseq.sequence_generator import SequenceGenerator
-
-    from fairseq_sparse.core.errors import UsageError
-    from helpers import tiny_dictionary
-
-    model = build_model(decoder_attn_fn="topk").eval()
-    for scripted in (model, SequenceGenerator([model], tiny_dictionary(), beam_size=2)):
-        with pytest.raises(UsageError, match=r"attention module \(attn_fn=\w+.*cannot be compiled by TorchScript"):
-            torch.jit.script(scripted)
-
-
 def test_module_rejects_bad_arguments():
     with pytest.raises(ValueError, match="valid choices"):
         SparseMultiheadAttention(16, 4, attn_fn="nope")

@@ -171,6 +171,7 @@ def test_positions_count_real_tokens_in_full_and_incremental_passes():
                 return (_fn if len(args) == 4 else _select)(*args)
 
             module.spec = dataclasses.replace(module.spec, uses_positions=True, fn=record, selection=record)
+            module.uses_positions = True  # the module's copy of the flag (TorchScript reads no spec)
     batch = random_batch(lengths=[3, 5], tgt_lengths=[4, 4])
     with torch.no_grad():
         model.eval()(**batch)

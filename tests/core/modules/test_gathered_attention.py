@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attention_cases import CASES
+from fairseq_sparse.core.attention import functions
 from fairseq_sparse.core.modules import attention_masks, fused_softmax, gathered_attention, sparse_multihead_attention
 from test_fused_attention import (FUSED, assert_incremental_decoding_equals_the_full_pass,
                                   assert_training_pass_equals_the_function_path, causal_mask, module_pair, unfused)
@@ -97,17 +98,6 @@ def test_a_query_with_no_key_gets_zero_output_and_finite_gradients(name, gathere
         assert (a - b).abs().max() <= 1e-5
 
 
-class FixedDropout(torch.nn.Module):
-    """Attention dropout with a given keep mask (B, H, T, S), for the function path."""
-
-    def __init__(self, keep: torch.Tensor, p: float):
-        super().__init__()
-        self.keep, self.p = keep, p
-
-    def forward(self, weights):
-        return weights * self.keep / (1.0 - self.p)
-
-
 @pytest.mark.parametrize("name", GATHERED)
 def test_attention_dropout_drops_selected_weights_and_its_backward_reuses_the_draw(name, gathered, monkeypatch):
     """The gathered path draws one keep bit per selected key; the function path dropping the same
@@ -138,7 +128,8 @@ def test_attention_dropout_drops_selected_weights_and_its_backward_reuses_the_dr
         indices = selection.indices.expand(kept.shape)
         keep[:, :, rows].scatter_reduce_(-1, indices, 1.0 - dropped, reduce="amin")
     assert 0 < (keep == 0).sum()
-    plain.dropout_module = FixedDropout(keep, p)
+    # the function path drops through attention.functions.attention_dropout: the same weights, fixed
+    monkeypatch.setattr(functions, "attention_dropout", lambda weights, ctx: weights * keep / (1.0 - p))
     expected = outputs_and_gradients(plain, x, attn_mask=causal_mask(11))
     for a, b in zip(got, expected):
         assert (a - b).abs().max() <= 1e-5

@@ -157,17 +157,25 @@ def register_attention(name: str, **capabilities):
 
 def function_module(spec: AttentionSpec) -> nn.Module:
     """``spec.fn`` as a module without parameters: the form in which TorchScript compiles an attention
-    module's call of its function (a scripted module cannot hold a plain Python function)."""
-    fn = spec.fn
+    module's call of its function (a scripted module cannot hold a plain Python function).
 
-    class AttentionFunction(nn.Module):
-        def forward(self, scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
-            return fn(scores, values, mask, ctx)
+    One class per function, named ``AttentionFunction_<name>`` in this module, so that a pickled model
+    (``torch.save(model)``) finds it again and TorchScript compiles each function once.
+    """
+    class_name = f"AttentionFunction_{spec.name}"
+    if class_name not in globals():
+        fn = spec.fn
 
-        def extra_repr(self) -> str:
-            return spec.name
+        class AttentionFunction(nn.Module):
+            def forward(self, scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
+                return fn(scores, values, mask, ctx)
 
-    return AttentionFunction()
+            def extra_repr(self) -> str:
+                return spec.name
+
+        AttentionFunction.__name__ = AttentionFunction.__qualname__ = class_name
+        globals()[class_name] = AttentionFunction
+    return globals()[class_name]()
 
 
 def attention_names() -> List[str]:

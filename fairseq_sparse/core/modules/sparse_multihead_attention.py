@@ -20,9 +20,8 @@ Two paths compute it:
   decoder's alignment layer, the analysis tools), one query per call (incremental
   decoding, where stock fairseq is unfused too), and every other method.
 
-TorchScript compiles the second path only (``torch.jit.is_scripting()`` branches): the fused
-path's autograd Functions serve training, which a scripted model does not do, and the function
-is called through ``function_module``, as a scripted module cannot call a Python function object.
+TorchScript compiles the second path only (``torch.jit.is_scripting()`` branches; the fused path's
+autograd Functions serve training), calling the function through ``function_module``.
 """
 
 from typing import Dict, Optional, Tuple
@@ -89,6 +88,16 @@ class SparseMultiheadAttention(MultiheadAttention):
                 "the hub interface), or choose a scriptable function for this sublayer"
             )
         return self
+
+    def __getstate__(self):
+        # pickle cannot name the spec's factory-built functions: keep the name (torch.save(model), deepcopy)
+        state = self.__dict__.copy()
+        del state["spec"]
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.spec = get_attention(self.attn_fn)
 
     def extra_repr(self) -> str:
         k = f", k={self.attn_k}" if self.spec.uses_k else ""

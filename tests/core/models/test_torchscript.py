@@ -6,9 +6,10 @@ self-attention only runs in encoder and decoder self-attention, softmax in cross
 decoding from a compressed memory with about half of its encodings pruned, L0Drop's rule-based
 ``freq`` pattern, and ``stock``, fairseq's own transformer of the same sizes, the reference row. The
 functions of the entmax package, and L0Drop gates after every encoder layer, do not script: one
-clear error each.
+clear error each. Whole-model pickling (``torch.save(model)``) is checked here too.
 """
 
+import copy
 import io
 
 import pytest
@@ -109,3 +110,18 @@ def test_scripting_leaves_the_eager_model_as_it_was():
     logits, _ = model(**batch)
     logits.sum().backward()
     assert model.encoder.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("row", [*NAMES, "l0drop"])
+def test_whole_model_pickles_and_deep_copies(row):
+    """torch.save(model) (the module, not its state_dict) and copy.deepcopy work as for stock's
+    transformer: the attention module keeps its function's name and looks the function up again."""
+    model = model_of(row) if row in ROWS else build_model(decoder_attn_fn=row).eval()
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    batch = random_batch(**BATCH)
+    with torch.no_grad():
+        expected = model(**batch)[0]
+        for loaded in (torch.load(buffer, weights_only=False), copy.deepcopy(model)):
+            assert torch.equal(loaded(**batch)[0], expected)

@@ -68,7 +68,7 @@ def selected_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor
     if (not is_pattern and key_padding_mask is None and attn_mask is not None and ctx.key_counts is None
             and is_future_mask(attn_mask, q.size(2), k.size(2))):
         # softmax under fairseq's future mask alone: the kernel's is_causal, no (T, S) mask built
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=True, dropout_p=dropout_p(attention.dropout_module),
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=True, dropout_p=attention.attention_dropout_p(),
                                               scale=attention.scaling)
     mask, bias = combine_masks(attn_mask, key_padding_mask)
     if attention.spec.selection_reads_scores or (is_pattern and pattern_mask_entries > PATTERN_MASK_ELEMENTS):
@@ -80,7 +80,7 @@ def selected_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor
             mask_rows=lambda r: combine_masks(attn_mask_rows(masks[0], r), masks[1])[0],
             bias_rows=lambda r: query_rows(bias, r),
             context_rows=lambda r: ctx if len(rows) == 1 else query_rows_of_context(ctx, r),
-            scale=attention.scaling, dropout=attention.dropout_module, dropout_p=dropout_p(attention.dropout_module),
+            scale=attention.scaling, dropout=attention.dropout_module, dropout_p=attention.attention_dropout_p(),
         )
         return SelectedSoftmaxInChunks.apply(q, k, v, plan)
     with torch.no_grad():  # shape and device only: the selection never reads the placeholder
@@ -108,7 +108,7 @@ def selected_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor
         attn_mask = None if hidden is None else ~hidden
     causal = attn_mask is not None and is_causal(attn_mask)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else attn_mask, is_causal=causal,
-                                         dropout_p=dropout_p(attention.dropout_module), scale=attention.scaling)
+                                         dropout_p=attention.attention_dropout_p(), scale=attention.scaling)
     return out if empty_rows is None else out.masked_fill(empty_rows, 0.0)
 
 def gathered_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext,
@@ -123,13 +123,10 @@ def gathered_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor
         attention.spec, q, k, ctx, causal,
         mask_rows=lambda r: combine_masks(attn_mask_rows(attn_mask, r), key_padding_mask)[0],
         context_rows=lambda r: query_rows_of_context(ctx, r),
-        key_padding_mask=key_padding_mask, scale=attention.scaling, dropout_p=dropout_p(attention.dropout_module),
+        key_padding_mask=key_padding_mask, scale=attention.scaling, dropout_p=attention.attention_dropout_p(),
     )
     return None if plan is None else GatheredSoftmax.apply(q, k, v, plan)
 
-def dropout_p(dropout) -> float:
-    """The attention dropout module's rate where it applies (training, or --retain-dropout)."""
-    return dropout.p if (dropout.training or dropout.apply_during_inference) else 0.0
 
 def query_chunks(q: Tensor, k: Tensor) -> List[slice]:
     """Slices of the queries with at most SELECTION_CHUNK_ELEMENTS (B x H x S per query) entries each."""

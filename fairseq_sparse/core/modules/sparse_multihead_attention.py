@@ -1,24 +1,21 @@
 """Multi-head attention that hands score -> output to a registered attention function.
 
-It keeps fairseq's parameters (q/k/v/out projections), incremental-state layout
-(``prev_key``/``prev_value`` as (B, H, S, d_h), ``prev_key_padding_mask``) and
-``reorder_incremental_state``, so checkpoints and beam search behave as with the
-stock module. Unlike the stock module it never takes fairseq's dense shortcut
-(``F.multi_head_attention_forward``): the chosen method runs in training, in the
-encoder and in incremental decoding.
+It keeps fairseq's parameters (q/k/v/out projections), incremental-state layout (``prev_key``/
+``prev_value`` as (B, H, S, d_h), ``prev_key_padding_mask``) and ``reorder_incremental_state``, so
+checkpoints and beam search behave as with the stock module. Unlike the stock module it never takes
+fairseq's dense shortcut (``F.multi_head_attention_forward``): the chosen method runs in training,
+in the encoder and in incremental decoding.
 
 Two paths compute it:
 
-* fused, when no weights are requested and the method registers a *selection*
-  (softmax, top-k, the structured patterns; see ``attention.registry``): softmax,
-  and a pattern up to a 512-token block, run ``scaled_dot_product_attention``
-  with the hidden keys as a boolean mask (log key counts as an additive one);
-  selections that read scores (top-k), and patterns over long sequences, run in
-  query chunks that keep bit masks, not float matrices, for the backward pass
-  (``selected_softmax``);
-* the registered function over float32 scores otherwise: weights requested (the
-  decoder's alignment layer, the analysis tools), one query per call (incremental
-  decoding, where stock fairseq is unfused too), and every other method.
+* fused, when no weights are requested and the method registers a *selection* (softmax, top-k, the
+  structured patterns; see ``attention.registry``): softmax, and a pattern up to a 512-token block,
+  run ``scaled_dot_product_attention`` with the hidden keys as a boolean mask (log key counts as an
+  additive one); selections that read scores (top-k), and patterns over long sequences, run in query
+  chunks that keep bit masks, not float matrices, for the backward pass (``selected_softmax``);
+* the registered function over float32 scores otherwise: weights requested (the decoder's alignment
+  layer, the analysis tools), one query per call (incremental decoding, where stock fairseq is
+  unfused too), and every other method.
 
 TorchScript compiles the second path only (``torch.jit.is_scripting()`` branches; the fused path's
 autograd Functions serve training), calling the function through ``function_module``.
@@ -79,8 +76,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         self.uses_positions = self.spec.uses_positions
 
     def __prepare_scriptable__(self):
-        # torch.jit.script calls this on every submodule before compiling: one clear error instead of
-        # TorchScript's complaint about the first construct of the entmax package it meets
+        # torch.jit.script calls this on every submodule first: one clear error, not TorchScript's complaint
         if not self.spec.scriptable:
             raise UsageError(
                 f"attention function {self.attn_fn!r} cannot be compiled by TorchScript (it runs a library "
@@ -203,12 +199,11 @@ class SparseMultiheadAttention(MultiheadAttention):
         key_padding_mask, key_counts = counted_padding(key_padding_mask)
         q = self._split_heads(self.q_proj(query))  # unscaled: the kernel of the fused path scales it
         k, v, key_padding_mask = self._keys_and_values(query, key, key_padding_mask, incremental_state, static_kv)
-        dropout = self.dropout_module
         ctx = AttentionContext(
             k=self.attn_k,
             training=self.training,
             need_weights=need_weights,
-            dropout_p=dropout.p if (dropout.training or dropout.apply_during_inference) else 0.0,
+            dropout_p=self.attention_dropout_p(),
             hard_train=self.hard_train,
             head_params=None if self.head_params is None else self.head_params(),
             self_attention=self.self_attention,
@@ -251,6 +246,11 @@ class SparseMultiheadAttention(MultiheadAttention):
         if torch.jit.is_scripting():
             return self.attention_function(scores, v, mask, ctx)
         return self.spec.fn(scores, v, mask, ctx)
+
+    def attention_dropout_p(self) -> float:
+        """The attention dropout rate where it applies (training, or fairseq's --retain-dropout), else 0."""
+        dropout = self.dropout_module
+        return dropout.p if (dropout.training or dropout.apply_during_inference) else 0.0
 
     def _check_reads_key_counts(self) -> None:
         if not self.spec.supports_key_counts:

@@ -52,16 +52,6 @@ class SparseTransformerModel(TransformerModel):
         model_class = SparseTransformerAlignModel if options.aligns() else cls
         return answer_to_stock_dropout_names(super(SparseTransformerModel, model_class).build_model(args, task))
 
-    def __init__(self, args, encoder, decoder):
-        super().__init__(args, encoder, decoder)
-        options = SparseModelOptions.from_cfg(args)
-        # read by transformer_align's forward_decoder, which this model borrows when they are set
-        self.alignment_layer, self.alignment_heads = options.alignment_layer, options.alignment_heads
-        self.full_context_alignment = options.full_context_alignment
-        layers = len(decoder.layers)
-        if self.alignment_layer is not None and not 0 <= self.alignment_layer < layers:
-            raise UsageError(f"--alignment-layer {self.alignment_layer}: the decoder has layers 0..{layers - 1}")
-
     def set_num_updates(self, num_updates):
         self.num_updates = num_updates  # read by criteria that schedule a weight (the L0 lambda ramp)
         super().set_num_updates(num_updates)
@@ -110,6 +100,16 @@ class SparseTransformerAlignModel(SparseTransformerModel):
     """transformer_sparse with transformer_align's options (--alignment-layer, --alignment-heads,
     --full-context-alignment): fairseq's TransformerAlignModel forwards, which read them. Built by
     SparseTransformerModel.build_model when they are set; eager only, as stock's."""
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        options = SparseModelOptions.from_cfg(args)
+        # read by transformer_align's forward_decoder
+        self.alignment_layer, self.alignment_heads = options.alignment_layer, options.alignment_heads
+        self.full_context_alignment = options.full_context_alignment
+        layers = len(decoder.layers)
+        if self.alignment_layer is not None and not 0 <= self.alignment_layer < layers:
+            raise UsageError(f"--alignment-layer {self.alignment_layer}: the decoder has layers 0..{layers - 1}")
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         return TransformerAlignModel.forward(self, src_tokens, src_lengths, prev_output_tokens)

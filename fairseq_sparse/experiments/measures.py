@@ -138,8 +138,12 @@ def valid_loss(plan, ds, row, col, seed, signatures):
 
 @register("valid_loss_at", "train_log", digits=3)
 def valid_loss_at_epoch(plan, ds, row, col, seed, signatures):
-    """The validation loss after epoch ``col.epoch``: curves compared at fixed epochs."""
-    if "--disable-validation" in plan.train_argv(ds, row, seed):
+    """The validation loss after epoch ``col.epoch``: curves compared at fixed epochs. Not measured (None)
+    where the row trains without validation or to fewer epochs (its ``--max-epoch``); a run that should
+    have reached the epoch and did not is an error."""
+    argv = plan.train_argv(ds, row, seed)
+    planned = [int(argv[i + 1]) for i, word in enumerate(argv[:-1]) if word == "--max-epoch"]
+    if "--disable-validation" in argv or (planned and planned[-1] < col.epoch):
         return None
     log = _train_log(plan, ds, row, seed)
     losses = valid_loss_per_epoch(log)

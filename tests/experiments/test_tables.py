@@ -561,6 +561,14 @@ def test_valid_loss_at_an_epoch_reads_that_epochs_validation(tmp_path, monkeypat
     assert at(plan, None, None, SimpleNamespace(epoch=2), 1, {}) == 6.25
     with pytest.raises(ValueError, match="no validation loss after epoch 3"):
         at(plan, None, None, SimpleNamespace(epoch=3), 1, {})
+    # a row that trains to fewer epochs has no such cell (a 10-epoch row beside 40-epoch rows); the last
+    # --max-epoch counts, as in fairseq's parser (a row's args come after its setting's)
+    short = SimpleNamespace(train_argv=lambda ds, row, seed: ["fairseq-train", "--max-epoch", "40", "--max-epoch", "2"])
+    assert at(short, None, None, SimpleNamespace(epoch=3), 1, {}) is None
+    assert at(short, None, None, SimpleNamespace(epoch=2), 1, {}) == 6.25
+    longer = SimpleNamespace(train_argv=lambda ds, row, seed: ["fairseq-train", "--max-epoch", "2", "--max-epoch", "40"])
+    with pytest.raises(ValueError, match="no validation loss after epoch 3"):
+        at(longer, None, None, SimpleNamespace(epoch=3), 1, {})
     for column in ("{id: loss, label: loss, dataset: iwslt14_de_en, measure: valid_loss_at}",
                    "{id: loss, label: loss, dataset: iwslt14_de_en, measure: bleu, epoch: 2}",
                    "{id: loss, label: loss, dataset: iwslt14_de_en, measure: valid_loss_at, epoch: 0}"):

@@ -1,6 +1,7 @@
 """python -m fairseq_sparse.train --continue-from: a run carried on with new parameters or a new criterion,
 its optimizer state and schedule kept (L0Drop's official fine-tune)."""
 
+import math
 import re
 import shutil
 import subprocess
@@ -114,7 +115,7 @@ def test_a_checkpoint_without_its_own_optimizer_state_cannot_be_continued(bible,
 
 
 def test_a_bfloat16_run_continues_in_bfloat16(bible, tmp_path):
-    """--bf16 --memory-efficient-bf16 (the CPU study's faster recipe) keeps one optimizer state per parameter,
+    """--bf16 --memory-efficient-bf16 (1.35x faster on a CPU with avx512_bf16) keeps one optimizer state per parameter,
     so the continuation maps it by name as in float32 (fairseq saves the weights in float32 either way)."""
     bf16 = ("--bf16", "--memory-efficient-bf16")
     train(bible, tmp_path / "base", *SCHEDULE, *bf16, updates=3, tool="fairseq_sparse.train")
@@ -122,7 +123,7 @@ def test_a_bfloat16_run_continues_in_bfloat16(bible, tmp_path):
                 tmp_path / "base" / "checkpoint_last.pt", "--continue-updates", 2, updates=99, tool="fairseq_sparse.train")
     assert "gate parameters are not in the checkpoint" in log and "num_updates 5" in log
     written = torch.load(tmp_path / "l0drop" / "checkpoint_last.pt", weights_only=False)
-    assert sorted(losses_by_update(log)) == [4, 5] and all(loss == loss for loss in losses_by_update(log).values())
+    assert sorted(losses_by_update(log)) == [4, 5] and all(map(math.isfinite, losses_by_update(log).values()))
     gates = [name for name in written["model"] if "gate" in name]
     assert gates and all(torch.isfinite(written["model"][name]).all() for name in gates)
     assert all(torch.isfinite(s["exp_avg"]).all() for s in written["last_optimizer_state"]["state"].values())

@@ -127,7 +127,6 @@ def gathered_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor
     )
     return None if plan is None else GatheredSoftmax.apply(q, k, v, plan)
 
-
 def query_chunks(q: Tensor, k: Tensor) -> List[slice]:
     """Slices of the queries with at most SELECTION_CHUNK_ELEMENTS (B x H x S per query) entries each."""
     bsz, heads, tgt_len, _ = q.shape

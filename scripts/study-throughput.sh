@@ -6,11 +6,11 @@
 # is measured slower and slows them.
 #
 #   bash scripts/study-throughput.sh [DATA_BIN]     # default: runs/data/paper/bible_de_en_full/bin
-#   UPDATES=125 ROUNDS=2 JOBS=2 bash scripts/study-throughput.sh
+#   UPDATES=125 ROUNDS=2 JOBS=2 SETTING=cpu_faithful bash scripts/study-throughput.sh
 #
-# The command is the study's training command (configs/papers/study.yaml, cpu_faithful's model and
-# batch) with --max-update UPDATES --no-save --disable-validation; the first 25-update interval of
-# each training (start-up) is left out of its mean.
+# The command is the study's training command (configs/papers/study.yaml, setting SETTING, default
+# cpu_faithful: read from there, so it cannot drift) with --max-update UPDATES --no-save
+# --disable-validation; the first 25-update interval of each training (start-up) is left out of its mean.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${1:-runs/data/paper/bible_de_en_full/bin}
@@ -19,6 +19,12 @@ ROUNDS=${ROUNDS:-2}
 JOBS=${JOBS:-2}
 PYTHON=${PYTHON:-python}
 [ -f "$DATA/dict.en.txt" ] || { echo "study-throughput.sh: no prepared data in $DATA (run the study's prepare step first)" >&2; exit 2; }
+SETTING=${SETTING:-cpu_faithful}
+mapfile -d '' STUDY_TRAIN < <("$PYTHON" -c 'import shlex, sys, yaml
+settings = yaml.safe_load(open("fairseq_sparse/configs/papers/study.yaml"))["settings"]
+train = settings.get(sys.argv[1], {}).get("train", "")
+sys.stdout.write("".join(word + "\0" for word in shlex.split(train)))' "$SETTING")
+[ ${#STUDY_TRAIN[@]} -gt 0 ] || { echo "study-throughput.sh: no training options for setting $SETTING in configs/papers/study.yaml" >&2; exit 2; }
 LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
 
@@ -26,13 +32,7 @@ train_pair() {  # $1: tag; the rest: extra options
   local tag=$1; shift
   for job in $(seq 1 "$JOBS"); do
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$PYTHON" -m fairseq_sparse.train "$DATA" --user-dir fairseq_sparse \
-      --arch transformer_sparse_mini --encoder-embed-dim 128 --decoder-embed-dim 128 \
-      --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
-      --encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings \
-      --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.0014 --lr-scheduler inverse_sqrt --warmup-updates 1000 \
-      --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-      --dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1 --max-tokens 4096 \
-      --log-format simple --log-interval 25 --num-workers 0 --seed "$job" \
+      "${STUDY_TRAIN[@]}" --log-interval 25 --seed "$job" \
       --max-update "$UPDATES" --no-save --disable-validation "$@" > "$LOGS/$tag.$job.log" 2>&1 &
   done
   wait

@@ -11,7 +11,8 @@
 #   bash scripts/study.sh --report-only  # tables (Markdown, CSV, PNG) from the finished steps
 #   TABLES="study_de_en" bash scripts/study.sh   # one table only
 #   TABLES="study_de_en" bash scripts/study.sh --rows softmax l0drop   # these rows only, with the models
-#                                        # they need (what fits in one sitting: ~2 h a model alone)
+#                                        # they need (what fits in one sitting: ~2 h a model alone);
+#                                        # of several tables, each one's rows among those named
 #   JOBS=1 bash scripts/study.sh         # one training at a time (default 2: two trainings side by side,
 #                                        # the cores split between them; decodes still run alone)
 # Every finished cell (each seed's value, with the identity of the commands that measured it) is kept in
@@ -21,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
-for table in ${TABLES:-study_diagnosis study_de_en_faithful study_scale study_de_en study_sweeps study_fr_en}; do
-    .venv/bin/python -m fairseq_sparse.tables "$table" --profile paper --jobs "${JOBS:-2}" --record results/study "$@" || status=$?
-done
-exit ${status:-0}
+# one queue: the next table's trainings start beside the last ones of the table before
+# shellcheck disable=SC2086  # TABLES is a list of names
+exec .venv/bin/python -m fairseq_sparse.tables ${TABLES:-study_diagnosis study_de_en_faithful study_scale study_de_en study_sweeps study_fr_en} \
+    --profile paper --jobs "${JOBS:-2}" --record results/study "$@"

@@ -1,6 +1,6 @@
 """Regenerate a paper's table: prepare data, train, average checkpoints, decode, score.
 
-    python -m fairseq_sparse.tables NAME --profile smoke|paper [--dry-run | --report-only]
+    python -m fairseq_sparse.tables NAME [NAME ...] --profile smoke|paper [--dry-run | --report-only]
 
 NAME is a table shipped with the package (``configs/tables/NAME.yaml``; ``--help`` lists them) or
 the path of a YAML file. The table names datasets, rows (models) and columns (measures). Every step
@@ -10,6 +10,8 @@ and written to ``OUT/commands.sh`` so a run can be read and repeated by hand. Fi
 skipped when the table is run again. The result is ``OUT/NAME.md`` and ``OUT/NAME.csv`` with our
 numbers beside the paper's (and ``OUT/NAME.png`` if the table has a plot). Outputs go under
 ``runs/`` in the current directory unless ``--out``/``--data-root``/``--models-root`` say otherwise.
+Several NAMEs run as one queue (``runner.execute_tables``): with ``--jobs``, the next table's
+trainings start while the last ones of the table before still run.
 """
 
 from __future__ import annotations
@@ -26,15 +28,18 @@ from fairseq_sparse.experiments.plan import Plan
 from fairseq_sparse.experiments.record import Record, publish, steps_to_run
 from fairseq_sparse.experiments.cells import collect
 from fairseq_sparse.experiments.report import write_report
-from fairseq_sparse.experiments.runner import dry_run, execute
+from fairseq_sparse.experiments.dry_run import dry_run
+from fairseq_sparse.experiments.runner import TableRun, execute_tables
 from fairseq_sparse.experiments.schema import PROFILES, load_table, resolve_config, table_names
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fairseq_sparse.tables", description=__doc__.split("\n\n")[0])
-    p.add_argument("config", help="a table's name (one of: " + ", ".join(table_names()) + ") or a YAML file")
+    p.add_argument("config", nargs="+", metavar="NAME",
+                   help="a table's name (one of: " + ", ".join(table_names()) + ") or a YAML file; several run as one "
+                        "queue, in this order")
     p.add_argument("--profile", choices=PROFILES, default="smoke")
-    p.add_argument("--out", help="output directory (default runs/tables/NAME/PROFILE)")
+    p.add_argument("--out", help="output directory of one table (default runs/tables/NAME/PROFILE)")
     p.add_argument("--data-root", default="runs/data", help="prepared datasets (default: %(default)s)")
     p.add_argument("--raw-data", help="directory with one subdirectory of already-downloaded raw files per dataset id "
                                       "(default: $RAW_DATA; without either, data-prep scripts download)")
@@ -43,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+", help="override the setting's seeds")
     p.add_argument("--rows", nargs="+", metavar="ID",
                    help="run only these rows' commands (and the models they need: the baseline's, a fine-tune's base "
-                        "model); the report shows every row that has finished")
+                        "model); of several tables, each table's rows named here (none: nothing of it runs); the report "
+                        "shows every row that has finished")
     p.add_argument("--record", metavar="DIR",
                    help="keep every seed's measured cells in DIR/NAME.seeds.csv and a copy of the report in DIR, after "
                         "each finished step; cells recorded from the same commands are read from there and their "
@@ -67,44 +73,56 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     raw = args.raw_data or os.environ.get("RAW_DATA")
     try:
-        table = load_table(resolve_config(args.config), args.profile)
-        out = Path(args.out) if args.out else Path("runs") / "tables" / table.name / args.profile
-        # absolute paths: the commands (and the model directories keyed by them) do not depend on where they run
-        plan = Plan(table, out.resolve(), Path(args.data_root).resolve(), Path(raw).expanduser().resolve() if raw else None,
-                    args.seeds, Path(args.models_root).resolve())
-        if args.record and Path(args.record).exists() and not Path(args.record).is_dir():
-            raise ConfigError(f"--record {args.record}: a file, not a folder (the folder the finished cells are kept in)")
-        record = Record(Path(args.record), table.name) if args.record else None
-        steps = plan.steps()
-        unknown = sorted(set(args.rows or []) - {r.id for r in table.rows})
+        if args.out and len(args.config) > 1:
+            raise ConfigError(f"--out is one table's folder; {len(args.config)} tables were given (leave --out out)")
+        tables = [load_table(resolve_config(config), args.profile) for config in args.config]
+        unknown = sorted(set(args.rows or []) - {r.id for table in tables for r in table.rows})
         if unknown:
-            raise ConfigError(f"--rows: no row {', '.join(map(repr, unknown))} in {table.name} "
-                              f"(rows: {', '.join(r.id for r in table.rows)})")
-        needed = steps_to_run(plan, steps, record, args.rows) if record or args.rows else steps
+            raise ConfigError(f"--rows: no row {', '.join(map(repr, unknown))} in {', '.join(t.name for t in tables)} "
+                              f"(rows: {', '.join(r.id for table in tables for r in table.rows)})")
+        runs = []
+        for table in tables:
+            out = Path(args.out) if args.out else Path("runs") / "tables" / table.name / args.profile
+            # absolute paths: the commands (and the model directories keyed by them) do not depend on where they run
+            plan = Plan(table, out.resolve(), Path(args.data_root).resolve(), Path(raw).expanduser().resolve() if raw else None,
+                        args.seeds, Path(args.models_root).resolve())
+            if args.record and Path(args.record).exists() and not Path(args.record).is_dir():
+                raise ConfigError(f"--record {args.record}: a file, not a folder (the folder the finished cells are kept in)")
+            record = Record(Path(args.record), table.name) if args.record else None
+            steps = plan.steps()
+            rows = None if args.rows is None else [r.id for r in table.rows if r.id in args.rows]
+            needed = steps_to_run(plan, steps, record, rows) if record or rows is not None else steps
+            runs.append((plan, record, TableRun(plan, steps, needed, lambda plan=plan, record=record: report_so_far(plan, record))))
         if args.dry_run:
-            dry_run(plan, steps)
+            for plan, _, run in runs:
+                dry_run(plan, run.steps)
             return 0
         if args.report_only:
-            plan.out.mkdir(parents=True, exist_ok=True)
-            results = collect(plan, finished_only=True, record=record)
+            failures = [set() for _ in runs]
         else:
-            failed = execute(plan, steps, args.jobs, lambda: report_so_far(plan, record), needed)
-            results = collect(plan, failed, record=record, ran={step.output for step in needed})
-        md = write_report(plan, results, record)
-        if record:
-            publish(plan, record)
+            failures = execute_tables([run for _, _, run in runs], args.jobs)
+        reports = []
+        for (plan, record, run), failed in zip(runs, failures):
+            plan.out.mkdir(parents=True, exist_ok=True)
+            results = (collect(plan, finished_only=True, record=record) if args.report_only else
+                       collect(plan, failed, record=record, ran={step.output for step in run.needed}))
+            reports.append((plan.table, results, write_report(plan, results, record)))
+            if record:
+                publish(plan, record)
     except (ConfigError, StepError) as e:
         print(f"tables: error: {e}", file=sys.stderr)
         return 1
-    print()
-    print(md.read_text(encoding="utf-8"))
-    print(f"written: {md}, {md.with_suffix('.csv')}" + (f", {md.with_suffix('.png')}" if table.plot else ""))
-    failed_cells = {row for (row, _), value in results.items() if value != value}
-    unexpected = sorted(failed_cells - {r.id for r in table.rows if r.may_fail})
-    if unexpected:
-        print(f"tables: error: these rows failed: {', '.join(unexpected)} (logs above)", file=sys.stderr)
-        return 1
-    return 0
+    status = 0
+    for table, results, md in reports:
+        print()
+        print(md.read_text(encoding="utf-8"))
+        print(f"written: {md}, {md.with_suffix('.csv')}" + (f", {md.with_suffix('.png')}" if table.plot else ""))
+        failed_cells = {row for (row, _), value in results.items() if value != value}
+        unexpected = sorted(failed_cells - {r.id for r in table.rows if r.may_fail})
+        if unexpected:
+            print(f"tables: error: these rows of {table.name} failed: {', '.join(unexpected)} (logs above)", file=sys.stderr)
+            status = 1
+    return status
 
 
 def report_so_far(plan: Plan, record: Optional[Record]) -> None:

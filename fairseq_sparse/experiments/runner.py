@@ -1,5 +1,5 @@
-"""Running a plan: each command (``command.run_command``) with its log in a file, finished ones skipped;
-``--dry-run`` parses every command with its tool's own parser instead.
+"""Running a plan, or several tables' plans as one queue: each command (``command.run_command``)
+with its log in a file, finished ones skipped (``--dry-run``, parsing them instead: ``dry_run``).
 
 A step is finished when its completion marker exists, and runs under a lock of its own
 (``completion``): a runner killed at any moment re-runs exactly the step it was in, and two
@@ -8,18 +8,16 @@ runners sharing models or data never run one step at once.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import re
 import shlex
-import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from fairseq_sparse.experiments.command import run_command
 from fairseq_sparse.experiments.completion import completion_marker, done, step_lock, write_atomically
-from fairseq_sparse.experiments.errors import ConfigError, StepError
+from fairseq_sparse.experiments.errors import StepError
 from fairseq_sparse.experiments.machine import SharedMachine, sigterm_as_exit
 from fairseq_sparse.experiments.outputs import SIDE_BY_SIDE_MARK
 from fairseq_sparse.experiments.plan import Plan, Step
@@ -96,26 +94,72 @@ def execute(plan: Plan, steps: List[Step], jobs: int = 1, finished: Callable[[],
     analysis is reported and shows as "failed" in its cells. ``jobs`` > 1 trains that many models
     at once (see ``run_side_by_side``).
     """
+    return execute_tables([TableRun(plan, steps, needed, finished)], jobs)[0]
+
+
+@dataclass
+class TableRun:
+    """One table's part of a run: its plan, all its steps (commands.sh lists them), the steps its cells
+    still need (None: all), and what to call when one of its steps has finished (the report so far)."""
+
+    plan: Plan
+    steps: List[Step]
+    needed: Optional[List[Step]] = None
+    finished: Callable[[], None] = lambda: None
+
+
+def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
+    """Run several tables' steps as one queue: the tables in the order given, each in its plan's order
+    as far as the steps' inputs allow, so with ``jobs`` > 1 the next table's trainings use the cores
+    that the last trainings of the one before leave idle. A model two tables share (the same training
+    command, the same output) trains once, and what reads it in either table waits for it.
+    Returns each table's failed models, as ``execute`` does."""
+    queue: List[Step] = []
+    owners: Dict[Path, List[int]] = {}  # a step's output -> the tables it belongs to
+    shared: Dict[Path, tuple] = {}  # a training's output -> the one name its model has in the queue
+    names: List[Dict[tuple, tuple]] = []  # per table: its name of a model -> the queue's
+    for t, run in enumerate(tables):
+        write_commands(run.plan, run.steps)
+        todo = [s for s in (run.steps if run.needed is None else run.needed) if not done(s)]
+        recorded = (f", {len(run.steps) - len(run.needed)} not needed (their cells are recorded, or their rows not chosen)"
+                    if run.needed is not None else "")
+        print(f"{run.plan.table.name} ({run.plan.table.profile}): {len(run.steps)} steps, {len(todo)} to run{recorded}; "
+              f"commands in {run.plan.out / 'commands.sh'}", flush=True)
+        # tables name models (dataset, row, seed): the same name may be two models, two names one model
+        names.append({s.model: shared.setdefault(s.output, (*s.model, t)) for s in run.steps if s.kind == "train" and s.model})
+
+        def rename(model: tuple, t: int = t) -> tuple:
+            return names[t].get(model, (*model, t))
+
+        for s in todo:
+            if s.output not in owners:
+                queue.append(replace(s, model=s.model and rename(s.model), needs=tuple(map(rename, s.needs))))
+            owners.setdefault(s.output, []).append(t)
+
+    def finished(step: Step) -> None:
+        for t in owners[step.output]:
+            tables[t].finished()
+
+    failed: set = set()
+    with sigterm_as_exit():
+        if jobs > 1:
+            run_side_by_side(queue, jobs, failed, finished)
+        else:
+            for i, step in enumerate(queue, 1):
+                if not skipped(step, i, len(queue), failed):
+                    run_or_record_failure(step, i, len(queue), failed)
+                    finished(step)
+    return [{model for model, name in table_names.items() if name in failed} for table_names in names]
+
+
+def write_commands(plan: Plan, steps: List[Step]) -> None:
+    """``OUT/commands.sh``: every command of the table, to read or run by hand."""
     plan.out.mkdir(parents=True, exist_ok=True)
     with open(plan.out / "commands.sh", "w", encoding="utf-8") as f:
         f.write("#!/usr/bin/env bash\n# Every command of this table, in order (run from the directory the table ran in: "
                 "paths under it are relative).\nset -e\n")
         for step in steps:
             f.write(f"# {step.label}\n{relative_to_cwd(shlex.join(step.argv))} > {shlex.quote(relative_to_cwd(str(step.log)))} 2>&1\n")
-    todo = [s for s in (steps if needed is None else needed) if not done(s)]
-    recorded = f", {len(steps) - len(needed)} not needed (their cells are recorded, or their rows not chosen)" if needed is not None else ""
-    print(f"{plan.table.name} ({plan.table.profile}): {len(steps)} steps, {len(todo)} to run{recorded}; "
-          f"commands in {plan.out / 'commands.sh'}", flush=True)
-    failed: set = set()
-    with sigterm_as_exit():
-        if jobs > 1:
-            run_side_by_side(todo, jobs, failed, finished)
-            return failed
-        for i, step in enumerate(todo, 1):
-            if not skipped(step, i, len(todo), failed):
-                run_or_record_failure(step, i, len(todo), failed)
-                finished()
-    return failed
 
 
 def skipped(step: Step, index: int, total: int, failed: set) -> bool:
@@ -144,7 +188,7 @@ def run_or_record_failure(step: Step, index: int, total: int, failed: set, machi
 SIDE_BY_SIDE = ("train", "average")  # steps that may share the machine; the others measure something
 
 
-def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callable[[], None] = lambda: None) -> None:
+def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callable[[Step], None] = lambda step: None) -> None:
     """Run up to ``jobs`` trainings (and averagings) at once, each with its share of the cores, in the
     plan's order as far as their inputs allow; every other step (data preparation, decoding, analysis)
     runs alone while the others are stopped, so what it measures is what a run of one job measures.
@@ -166,9 +210,9 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callabl
     try:
         while pending or running:
             for future in [f for f in running if f.done()]:
-                running.pop(future)
+                done_step = running.pop(future)
                 future.result()  # a failed command was recorded; anything else is a bug: raise it
-                finished()
+                finished(done_step)
             started = True
             while started:  # until nothing more can start now
                 started = False
@@ -180,7 +224,7 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callabl
                     elif step.kind not in SIDE_BY_SIDE:
                         with machine.alone():
                             run_or_record_failure(step, i, len(todo), failed)
-                        finished()
+                        finished(step)
                     elif len(running) < jobs:
                         running[pool.submit(run_or_record_failure, step, i, len(todo), failed, machine)] = step
                     else:
@@ -195,62 +239,3 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callabl
         raise
     finally:
         pool.shutdown()  # after stop_all its threads end as soon as their commands do
-
-
-# ----------------------------------------------------------------------------- dry run
-
-
-def _load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(f"prep_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.parent))
-    return module
-
-
-_PARSED: set = set()  # argument lists already parsed, paths left out: rows and seeds share most of them
-
-
-def check_parses(step: Step) -> None:
-    """Parse the step's arguments with the parser of the tool it runs; raise ConfigError if they do not."""
-    from fairseq import options
-
-    import fairseq_sparse  # noqa: F401  (registers the architectures and criteria)
-
-    argv = step.argv
-    key = (Path(argv[0]).name, *("PATH" if "/" in a else a for a in argv[1:]))
-    if key in _PARSED:
-        return
-    try:
-        if argv[0] == sys.executable and argv[1] == "-m":
-            module = "fairseq_sparse.analysis.cli" if argv[2] == "fairseq_sparse.analysis" else argv[2]
-            if module == "fairseq_sparse.train":  # fairseq-train's parser, with the options it adds
-                importlib.import_module(module).parse(argv[3:])
-            else:
-                importlib.import_module(module).build_parser().parse_args(argv[3:])
-        elif argv[0] == sys.executable:
-            _load_script(Path(argv[1])).build_parser().parse_args(argv[2:])
-        else:
-            tool = Path(argv[0]).name
-            if tool == "fairseq-preprocess":
-                options.get_preprocessing_parser().parse_args(argv[1:])
-            elif tool in ("fairseq-train", "fairseq-generate"):
-                from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-                parser = options.get_training_parser() if tool == "fairseq-train" else options.get_generation_parser()
-                convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv[1:]))
-            else:
-                raise ConfigError(f"no parser known for {tool}")
-    except SystemExit as e:
-        raise ConfigError(f"{step.label}: the command does not parse (exit {e.code}):\n  {shlex.join(argv)}") from None
-    _PARSED.add(key)
-
-
-def dry_run(plan: Plan, steps: List[Step]) -> None:
-    for step in steps:
-        check_parses(step)
-        print(f"ok  {step.label}: {shlex.join(step.argv)}")
-    print(f"{plan.table.name} ({plan.table.profile}): {len(steps)} commands parse")

@@ -90,6 +90,35 @@ def test_a_failed_training_skips_what_needs_it_and_the_others_go_on(tmp_path, ca
     assert trained_side_by_side(tmp_path / "good.log") == (jobs > 1)
 
 
+def test_tables_run_as_one_queue_share_models_and_fill_the_cores_the_first_leaves_idle(tmp_path):
+    """Two tables in one queue: the second's training starts beside the first's last one; a model both
+    train (the same output) trains once and what reads it waits for it, whatever each table calls it;
+    the same name in two tables is two models; each table hears of its own steps and failures only."""
+    from fairseq_sparse.experiments.runner import TableRun, execute_tables
+
+    appending = ("import sys, time; t = time.time(); time.sleep(0.4); "
+                 "open(sys.argv[1][:-5] + '.runs', 'a').write(repr([t, time.time()]) + chr(10))")
+    shared = step(tmp_path, "shared", "train", appending, model("s"))
+    first = [step(tmp_path, "long", "train", RECORD.format(sleep=3), model("x")), shared]
+    second = [step(tmp_path, "other_x", "train", RECORD.format(sleep=0.3), model("x")),  # another model named x
+              step(tmp_path, "shared", "train", appending, model("also_s")),  # the first table's shared model
+              step(tmp_path, "decode", "generate", RECORD.format(sleep=0) + "; open(sys.argv[1][:-5] + '.out', 'w')",
+                   needs=(model("also_s"),)),
+              step(tmp_path, "bad", "train", "raise SystemExit(2)", model("bad"))]
+    heard = [[], []]
+    plans = [SimpleNamespace(out=tmp_path / name, table=SimpleNamespace(name=name, profile="smoke")) for name in ("t1", "t2")]
+    failed = execute_tables([TableRun(plans[0], first, finished=lambda: heard[0].append(1)),
+                             TableRun(plans[1], second, finished=lambda: heard[1].append(1))], jobs=2)
+    assert failed == [set(), {model("bad")}]
+    runs = [eval(line) for line in (tmp_path / "shared.runs").read_text().splitlines()]
+    assert len(runs) == 1, "the shared model trained twice"
+    long, other, decode = (record(tmp_path, n) for n in ("long", "other_x", "decode"))
+    assert other[0] < long[1], "the second table's training waited for the first table's last one"
+    assert decode[0] >= runs[0][1], "the decode did not wait for the model it reads"
+    assert len(heard[0]) == 2 and len(heard[1]) == 4  # the shared training is each table's
+    assert (plans[0].out / "commands.sh").is_file() and "other_x" in (plans[1].out / "commands.sh").read_text()
+
+
 def test_jobs_below_one_is_one_clear_error(capsys):
     with pytest.raises(SystemExit):
         tables.main(["demo", "--jobs", "0", "--dry-run"])

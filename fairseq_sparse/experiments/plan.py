@@ -31,6 +31,7 @@ class Step:
     label: str
     model: Optional[Tuple[str, str, int]] = None  # (dataset, row, seed) this step trains
     needs: Tuple[Tuple[str, str, int], ...] = ()  # models whose checkpoints it reads
+    resumes_from: Optional[Path] = None  # what a run cut short leaves to go on from (a training's checkpoint_last.pt)
 
 
 def tool(name: str) -> List[str]:
@@ -145,7 +146,7 @@ class Plan:
         needs = (self.model_key(ds, self.table.row(base), seed),) if base else ()
         argv = [*self.train_argv(ds, row, seed), "--save-dir", str(run / "checkpoints")]
         steps = [Step("train", argv, run / "train.done", run / "train.log", f"train {row.id} on {ds.id} (seed {seed})",
-                      model=key, needs=needs)]
+                      model=key, needs=needs, resumes_from=run / "checkpoints" / "checkpoint_last.pt")]
         avg = self.averaging(ds, row)
         if avg.get("last", 1) > 1:
             steps.append(Step("average", [sys.executable, "-m", "fairseq_sparse.average_checkpoints", str(run / "checkpoints"),

@@ -112,8 +112,8 @@ def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
     """Run several tables' steps as one queue: the tables in the order given, each in its plan's order
     as far as the steps' inputs allow, so with ``jobs`` > 1 the next table's trainings use the cores
     that the last trainings of the one before leave idle. A model two tables share (the same training
-    command, the same output) trains once, and what reads it in either table waits for it.
-    Returns each table's failed models, as ``execute`` does."""
+    command, the same output) trains once, and what reads it in either table waits for it. Trainings
+    cut short by an earlier run go first. Returns each table's failed models, as ``execute`` does."""
     queue: List[Step] = []
     owners: Dict[Path, List[int]] = {}  # a step's output -> the tables it belongs to
     shared: Dict[Path, tuple] = {}  # a training's output -> the one name its model has in the queue
@@ -135,6 +135,8 @@ def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
             if s.output not in owners:
                 queue.append(replace(s, model=s.model and rename(s.model), needs=tuple(map(rename, s.needs))))
             owners.setdefault(s.output, []).append(t)
+    # a training a sitting cut short goes on before new ones start: half-trained models finish first
+    queue.sort(key=lambda s: s.kind != "prep" and not (s.resumes_from and s.resumes_from.exists()))
 
     def finished(step: Step) -> None:
         for t in owners[step.output]:

@@ -119,6 +119,18 @@ def test_tables_run_as_one_queue_share_models_and_fill_the_cores_the_first_leave
     assert (plans[0].out / "commands.sh").is_file() and "other_x" in (plans[1].out / "commands.sh").read_text()
 
 
+def test_a_training_cut_short_goes_on_before_new_ones_start(tmp_path):
+    from fairseq_sparse.experiments.runner import TableRun, execute_tables
+
+    (tmp_path / "last.pt").write_text("epoch 3")  # what the second training left when its run was cut short
+    steps = [step(tmp_path, "new", "train", RECORD.format(sleep=0), model("new")),
+             step(tmp_path, "resumed", "train", RECORD.format(sleep=0), model("resumed"))]
+    steps[1].resumes_from = tmp_path / "last.pt"
+    plan = SimpleNamespace(out=tmp_path / "table", table=SimpleNamespace(name="t", profile="smoke"))
+    execute_tables([TableRun(plan, steps)], jobs=1)
+    assert record(tmp_path, "resumed")[1] <= record(tmp_path, "new")[0]
+
+
 def test_jobs_below_one_is_one_clear_error(capsys):
     with pytest.raises(SystemExit):
         tables.main(["demo", "--jobs", "0", "--dry-run"])

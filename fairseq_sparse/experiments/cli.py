@@ -78,8 +78,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tables = [load_table(resolve_config(config), args.profile) for config in args.config]
         unknown = sorted(set(args.rows or []) - {r.id for table in tables for r in table.rows})
         if unknown:
-            raise ConfigError(f"--rows: no row {', '.join(map(repr, unknown))} in {', '.join(t.name for t in tables)} "
-                              f"(rows: {', '.join(r.id for table in tables for r in table.rows)})")
+            known = "; ".join((f"{t.name}: " if len(tables) > 1 else "") + ", ".join(r.id for r in t.rows) for t in tables)
+            raise ConfigError(f"--rows: no row {', '.join(map(repr, unknown))} in {', '.join(t.name for t in tables)} (rows: {known})")
         runs = []
         for table in tables:
             out = Path(args.out) if args.out else Path("runs") / "tables" / table.name / args.profile

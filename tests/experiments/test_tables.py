@@ -461,6 +461,8 @@ def test_several_tables_in_one_command_are_one_queue_and_each_writes_its_report(
     assert (tmp_path / "runs" / "tables" / "renamed" / "smoke" / "commands.sh").is_file()
     assert tables.main([str(first), str(second), *common, "--out", str(tmp_path / "x")]) == 1
     assert "--out is one table's folder; 2 tables were given" in capsys.readouterr().err
+    assert tables.main([str(first), str(second), *common, "--rows", "nope"]) == 1
+    assert "(rows: seeds: softmax, topk; renamed: dense, sparse)" in capsys.readouterr().err
 
 
 def test_a_cell_with_one_failed_seed_beside_a_finished_one_reads_failed(configs, tmp_path):

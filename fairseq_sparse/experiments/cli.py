@@ -75,6 +75,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.out and len(args.config) > 1:
             raise ConfigError(f"--out is one table's folder; {len(args.config)} tables were given (leave --out out)")
+        if args.record and Path(args.record).exists() and not Path(args.record).is_dir():
+            raise ConfigError(f"--record {args.record}: a file, not a folder (the folder the finished cells are kept in)")
         tables = [load_table(resolve_config(config), args.profile) for config in args.config]
         unknown = sorted(set(args.rows or []) - {r.id for table in tables for r in table.rows})
         if unknown:
@@ -86,8 +88,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             # absolute paths: the commands (and the model directories keyed by them) do not depend on where they run
             plan = Plan(table, out.resolve(), Path(args.data_root).resolve(), Path(raw).expanduser().resolve() if raw else None,
                         args.seeds, Path(args.models_root).resolve())
-            if args.record and Path(args.record).exists() and not Path(args.record).is_dir():
-                raise ConfigError(f"--record {args.record}: a file, not a folder (the folder the finished cells are kept in)")
             record = Record(Path(args.record), table.name) if args.record else None
             steps = plan.steps()
             rows = None if args.rows is None else [r.id for r in table.rows if r.id in args.rows]

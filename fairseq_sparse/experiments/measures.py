@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # only for annotations: the plan imports this registry
     from fairseq_sparse.experiments.schema import Column, Dataset, Row
 
 SOURCES = ("decode", "speed", "attention", "l0drop", "train_log")
+EPOCH_MEASURES = ("valid_loss_at", "valid_gap_at")  # their columns name an epoch (``epoch:``)
 Value = Callable[["Plan", "Dataset", "Row", "Column", int, Dict[str, str]], Optional[float]]
 
 
@@ -136,17 +137,21 @@ def valid_loss(plan, ds, row, col, seed, signatures):
     return best_valid_loss(_train_log(plan, ds, row, seed))
 
 
+@register("valid_gap_at", "train_log", relative=True, digits=3, signed=True, combine=operator.sub)
 @register("valid_loss_at", "train_log", digits=3)
 def valid_loss_at_epoch(plan, ds, row, col, seed, signatures):
-    """The validation loss after epoch ``col.epoch``: curves compared at fixed epochs. Not measured (None)
-    where the row trains without validation or to fewer epochs (its ``--max-epoch``); a run that should
-    have reached the epoch and did not is an error."""
+    """The validation loss after epoch ``col.epoch``: curves compared at fixed epochs (``valid_gap_at``:
+    minus the baseline's). Not measured (None) where the row trains without validation, to fewer epochs
+    (its ``--max-epoch``), or stopped early (``--patience``) before the epoch; a run that should have
+    reached the epoch and did not is an error."""
     argv = plan.train_argv(ds, row, seed)
     planned = [int(argv[i + 1]) for i, word in enumerate(argv[:-1]) if word == "--max-epoch"]
     if "--disable-validation" in argv or (planned and planned[-1] < col.epoch):
         return None
     log = _train_log(plan, ds, row, seed)
     losses = valid_loss_per_epoch(log)
+    if col.epoch not in losses and "--patience" in argv and losses and max(losses) < col.epoch:
+        return None  # early stopping ended the run first (the measure runs once the training finished)
     if col.epoch not in losses:
         raise ValueError(f"{log}: no validation loss after epoch {col.epoch} (validated epochs: {sorted(losses)})")
     return losses[col.epoch]

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 import yaml
 
 from fairseq_sparse.experiments.errors import ConfigError
-from fairseq_sparse.experiments.measures import MEASURES
+from fairseq_sparse.experiments.measures import EPOCH_MEASURES, MEASURES
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # shipped with the package
 PROFILES = ("paper", "smoke")
@@ -68,7 +68,7 @@ class Column:
     generate_args: str = ""
     rounds: int = 3  # speed measures: rounds of decoding the row and its baseline in turn (smoke: 1)
     first_seeds: Optional[int] = None  # measured on the dataset's first N seeds only (None: every seed)
-    epoch: Optional[int] = None  # valid_loss_at: the epoch whose validation loss the column shows
+    epoch: Optional[int] = None  # valid_loss_at, valid_gap_at: the epoch whose validation loss the column shows
 
 
 @dataclass
@@ -202,10 +202,10 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
         if c.first_seeds is not None and (not isinstance(c.first_seeds, int) or isinstance(c.first_seeds, bool)
                                           or c.first_seeds < 1):
             raise ConfigError(f"{where}: first_seeds must be a whole number of at least 1, got {c.first_seeds!r}")
-        if (c.measure == "valid_loss_at") != (c.epoch is not None) or (
+        if (c.measure in EPOCH_MEASURES) != (c.epoch is not None) or (
                 c.epoch is not None and (not isinstance(c.epoch, int) or isinstance(c.epoch, bool) or c.epoch < 1)):
-            raise ConfigError(f"{where}: measure valid_loss_at needs epoch (a whole number of at least 1), and only it "
-                              f"takes one; got measure {c.measure!r}, epoch {c.epoch!r}")
+            raise ConfigError(f"{where}: measures {' and '.join(EPOCH_MEASURES)} need epoch (a whole number of at least 1), "
+                              f"and only they take one; got measure {c.measure!r}, epoch {c.epoch!r}")
         if MEASURES[c.measure].relative and c.baseline not in row_ids:
             raise ConfigError(f"{where}: {c.measure} needs 'baseline:' naming a row, got {c.baseline!r}")
     seen: List[str] = []

@@ -592,9 +592,17 @@ def test_valid_loss_at_an_epoch_reads_that_epochs_validation(tmp_path, monkeypat
     longer = SimpleNamespace(train_argv=lambda ds, row, seed: ["fairseq-train", "--max-epoch", "2", "--max-epoch", "40"])
     with pytest.raises(ValueError, match="no validation loss after epoch 3"):
         at(longer, None, None, SimpleNamespace(epoch=3), 1, {})
+    # early stopping that ended the run before the epoch: no cell, not an error
+    stopped = SimpleNamespace(train_argv=lambda ds, row, seed: ["fairseq-train", "--max-epoch", "40", "--patience", "2"])
+    assert at(stopped, None, None, SimpleNamespace(epoch=3), 1, {}) is None
+    assert at(stopped, None, None, SimpleNamespace(epoch=2), 1, {}) == 6.25
+    # valid_gap_at: the same number per row, minus the baseline row's of the same seed
+    gap = measures.MEASURES["valid_gap_at"]
+    assert gap.value is at and gap.relative and gap.signed and gap.combine(6.25, 6.0) == 0.25
     for column in ("{id: loss, label: loss, dataset: iwslt14_de_en, measure: valid_loss_at}",
                    "{id: loss, label: loss, dataset: iwslt14_de_en, measure: bleu, epoch: 2}",
-                   "{id: loss, label: loss, dataset: iwslt14_de_en, measure: valid_loss_at, epoch: 0}"):
+                   "{id: loss, label: loss, dataset: iwslt14_de_en, measure: valid_loss_at, epoch: 0}",
+                   "{id: loss, label: loss, dataset: iwslt14_de_en, measure: valid_gap_at, baseline: a}"):
         text = GOOD.replace("columns: [{id: bleu, label: BLEU, dataset: iwslt14_de_en, measure: bleu}]", f"columns: [{column}]")
-        with pytest.raises(ConfigError, match="valid_loss_at needs epoch"):
+        with pytest.raises(ConfigError, match="valid_loss_at and valid_gap_at need epoch"):
             load_table(write_table(configs, text), "smoke", configs)

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 from fairseq_sparse.experiments.errors import ConfigError, StepError
 from fairseq_sparse.experiments.plan import Plan
-from fairseq_sparse.experiments.record import Record, publish, steps_to_run
+from fairseq_sparse.experiments.record import Record, fill_from_curves, publish, steps_to_run
 from fairseq_sparse.experiments.cells import collect
 from fairseq_sparse.experiments.report import write_report
 from fairseq_sparse.experiments.dry_run import dry_run
@@ -89,6 +89,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             plan = Plan(table, out.resolve(), Path(args.data_root).resolve(), Path(raw).expanduser().resolve() if raw else None,
                         args.seeds, Path(args.models_root).resolve())
             record = Record(Path(args.record), table.name) if args.record else None
+            if record:
+                fill_from_curves(plan, record)
             steps = plan.steps()
             rows = None if args.rows is None else [r.id for r in table.rows if r.id in args.rows]
             needed = steps_to_run(plan, steps, record, rows) if record or rows is not None else steps

@@ -16,7 +16,8 @@ A relative cell whose value is a function of one number per row (a BLEU differen
 computed again from the baseline's recorded number: a later sitting needs neither model again.
 
 ``DIR/NAME.seeds.csv`` holds the cells; ``DIR/NAME.curves.csv`` (which the report writes) the
-validation loss per epoch of models whose training logs this machine no longer has.
+validation loss per epoch of models whose training logs this machine no longer has, which also
+answers a column of a validation loss at an epoch added after those logs were lost.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
-from fairseq_sparse.experiments.measures import MEASURES
+from fairseq_sparse.experiments.measures import EPOCH_MEASURES, MEASURES
 
 if TYPE_CHECKING:
     from fairseq_sparse.experiments.plan import Plan, Step
@@ -118,6 +119,28 @@ class Record:
         with open(self.curves_path, encoding="utf-8") as f:
             return [dict(line, seed=int(line["seed"]), epoch=int(line["epoch"]), valid_loss=float(line["valid_loss"]))
                     for line in csv.DictReader(f) if line.get("model")]
+
+
+def fill_from_curves(plan: "Plan", record: Record) -> int:
+    """Record the cells of epoch columns (a validation loss after an epoch) that the record's curves
+    answer: a column added after a model's training log was lost is read from the curve kept for that
+    model (by its directory's name: the same training arguments) instead of training it again. Only an
+    epoch the curve has: a curve may have been kept from a run still training. Returns how many."""
+    curves: Dict[Tuple[str, str], Dict[int, float]] = {}
+    for line in record.curves():
+        curves.setdefault((line["dataset"], line["model"]), {})[line["epoch"]] = line["valid_loss"]
+    filled = 0
+    for col in [c for c in plan.table.columns if c.measure in EPOCH_MEASURES]:
+        ds = plan.table.datasets[col.dataset]
+        for row in [r for r in plan.table.rows if plan.applies(ds, r)]:
+            for seed in plan.column_seeds(ds, col):
+                cell, key = (ds.id, row.id, col.id, seed), commands_key(plan, cell_steps(plan, ds, row, col, seed))
+                loss = curves.get((ds.id, plan.run_dir(ds, row, seed).name), {}).get(col.epoch)
+                if loss is not None and not record.get(cell, key):
+                    own = MEASURES[col.measure].combine is not None
+                    record.put(cell, Recorded(key, None if own else loss, "", False, loss if own else None))
+                    filled += 1
+    return filled
 
 
 def steps_to_run(plan: "Plan", steps: List["Step"], record: Optional[Record], rows: Optional[List[str]] = None) -> List["Step"]:

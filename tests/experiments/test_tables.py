@@ -559,6 +559,40 @@ def test_curves_plot_every_models_validation_loss_per_epoch(configs, tmp_path):
         load_table(write_table(configs, GOOD + "curves: sometimes\n"), "smoke", configs)
 
 
+def test_an_epoch_column_added_after_the_models_were_lost_is_read_from_the_recorded_curves(configs, tmp_path):
+    """A table that gains a valid_loss_at / valid_gap_at column on a machine without the models' logs
+    reads it from the curves its record keeps (the same model by name), and trains nothing again; an
+    epoch the curve lacks, or another model's curve, answers nothing."""
+    from fairseq_sparse.experiments.cells import collect
+    from fairseq_sparse.experiments.record import Record, fill_from_curves, steps_to_run
+
+    text = GOOD.replace("{id: bleu, label: BLEU, dataset: iwslt14_de_en, measure: bleu}",
+                        "{id: at2, label: L, dataset: iwslt14_de_en, measure: valid_loss_at, epoch: 2}, "
+                        "{id: gap2, label: G, dataset: iwslt14_de_en, measure: valid_gap_at, baseline: a, epoch: 2}, "
+                        "{id: gap3, label: G3, dataset: iwslt14_de_en, measure: valid_gap_at, baseline: a, epoch: 3}")
+    text = text.replace("{id: b, label: B, reuse: a}", "{id: b, label: B, args: '--dropout 0.3'}")
+    plan = tables.Plan(load_table(write_table(configs, text), "smoke", configs), tmp_path / "t", tmp_path / "data", None,
+                       seeds=[1], models_root=tmp_path / "models")
+    ds = plan.table.datasets["iwslt14_de_en"]
+    a, b = (plan.run_dir(ds, plan.table.row(r), 1).name for r in "ab")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "t.curves.csv").write_text(
+        "dataset,row,seed,model,epoch,valid_loss\n"
+        f"iwslt14_de_en,a,1,{a},1,7.5\niwslt14_de_en,a,1,{a},2,6.0\niwslt14_de_en,a,1,{a},3,5.5\n"
+        f"iwslt14_de_en,b,1,{b},1,8.0\niwslt14_de_en,b,1,{b},2,6.5\n"  # b's curve ends at epoch 2
+        "iwslt14_de_en,b,1,b-000000000000,3,1.0\n")  # another model's (other arguments)
+    record = Record(results, "t")
+    assert fill_from_curves(plan, record) == 5  # a: at2, gap2, gap3; b: at2, gap2
+    trains = {s.label for s in steps_to_run(plan, plan.steps(), record) if s.kind == "train"}
+    assert trains == {"train b on iwslt14_de_en (seed 1)"}  # only for b's epoch-3 cell
+    report = collect(plan, finished_only=True, record=record)
+    assert report.get(("a", "at2")) == 6.0 and report.get(("b", "at2")) == 6.5
+    assert report.get(("b", "gap2")) == pytest.approx(0.5) and report.get(("a", "gap3")) == 0.0
+    assert report.get(("b", "gap3")) is None
+    assert fill_from_curves(plan, Record(results, "t")) == 0  # collect saved them: recorded once
+
+
 def test_data_preparation_is_finished_by_its_marker_not_by_the_dictionary(configs, tmp_path):
     """fairseq-preprocess writes its dictionary before the binarised data: a killed preparation leaves
     one, so every preparation step is proved finished by a marker the runner writes after it."""

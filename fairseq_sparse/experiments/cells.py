@@ -12,7 +12,7 @@ from fairseq_sparse.experiments.errors import StepError
 from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.outputs import trained_side_by_side
 from fairseq_sparse.experiments.plan import Plan
-from fairseq_sparse.experiments.record import Cell, Record, Recorded, cell_steps, commands_key
+from fairseq_sparse.experiments.record import Cell, Record, Recorded, cell_keys, cell_steps
 from fairseq_sparse.experiments.completion import done
 from fairseq_sparse.experiments.schema import Column, Dataset, Row
 
@@ -112,10 +112,11 @@ def number(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: R
     (and recorded once its commands have run and it did not fail: a failure is tried again next time);
     not measured while commands are missing if ``finished_only``, or if some were not to run (``ran``)."""
     steps = cell_steps(plan, ds, row, col, seed)
-    cell, key = (ds.id, row.id, col.id, seed), commands_key(plan, steps)
+    cell, (key, earlier) = (ds.id, row.id, col.id, seed), cell_keys(plan, steps)
     combine = MEASURES[col.measure].combine
-    recorded = record.get(cell, key) if record else None
-    if recorded and not (combine and recorded.own is None):  # a line written before own numbers were: measure again
+    recorded = record.get(cell, key, earlier) if record else None
+    # a combined cell with a value and no own number was written before own numbers were: measure again
+    if recorded and not (combine and recorded.own is None and recorded.value is not None):
         if recorded.signature:
             results.signatures.setdefault(col.id, recorded.signature)
         return Number(recorded.own if combine else recorded.value, True, cell, key)

@@ -145,8 +145,7 @@ def valid_loss_at_epoch(plan, ds, row, col, seed, signatures):
     (its ``--max-epoch``), or stopped early (``--patience``) before the epoch; a run that should have
     reached the epoch and did not is an error."""
     argv = plan.train_argv(ds, row, seed)
-    planned = [int(argv[i + 1]) for i, word in enumerate(argv[:-1]) if word == "--max-epoch"]
-    if "--disable-validation" in argv or (planned and planned[-1] < col.epoch):
+    if not validates_epoch(argv, col.epoch):
         return None
     log = _train_log(plan, ds, row, seed)
     losses = valid_loss_per_epoch(log)
@@ -155,6 +154,13 @@ def valid_loss_at_epoch(plan, ds, row, col, seed, signatures):
     if col.epoch not in losses:
         raise ValueError(f"{log}: no validation loss after epoch {col.epoch} (validated epochs: {sorted(losses)})")
     return losses[col.epoch]
+
+
+def validates_epoch(train_argv, epoch: int) -> bool:
+    """Whether a training validates after ``epoch`` if it runs that long (the last --max-epoch counts, as in
+    fairseq's parser: a row's arguments come after its setting's)."""
+    planned = [int(train_argv[i + 1]) for i, word in enumerate(train_argv[:-1]) if word == "--max-epoch"]
+    return "--disable-validation" not in train_argv and not (planned and planned[-1] < epoch)
 
 
 @register("pruned", "l0drop")

@@ -26,11 +26,11 @@ import csv
 import hashlib
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
-from fairseq_sparse.experiments.measures import EPOCH_MEASURES, MEASURES
+from fairseq_sparse.experiments.measures import EPOCH_MEASURES, MEASURES, validates_epoch
 
 if TYPE_CHECKING:
     from fairseq_sparse.experiments.plan import Plan, Step
@@ -57,9 +57,15 @@ def cell_steps(plan: "Plan", ds: "Dataset", row: "Row", col: "Column", seed: int
     return steps + plan.measure_steps(ds, row, col, seed)
 
 
-def commands_key(plan: "Plan", steps: Iterable["Step"]) -> str:
+# Output files renamed since records were written (current name -> earlier name): the same commands,
+# so a cell recorded under the earlier name still answers (and is recorded again under the current one).
+RENAMED_OUTPUTS = {"/zero_weights.csv": "/sparsity.csv", "/l0drop-pruned.": "/l0drop-sparsity."}
+
+
+def commands_key(plan: "Plan", steps: Iterable["Step"], renamed: bool = False) -> str:
     """Digest of the steps' outputs relative to the plan's output and models directories: what the
-    commands are (digests of their arguments are in those paths), not where this checkout keeps them."""
+    commands are (digests of their arguments are in those paths), not where this checkout keeps them.
+    ``renamed``: the digest under the outputs' earlier names (``RENAMED_OUTPUTS``)."""
     names = []
     for step in steps:
         for root, name in ((plan.models_root, "models"), (plan.out, "out")):
@@ -68,7 +74,14 @@ def commands_key(plan: "Plan", steps: Iterable["Step"]) -> str:
                 break
         else:
             names.append(str(step.output))
+    for current, earlier in RENAMED_OUTPUTS.items() if renamed else ():
+        names = [n.replace(current, earlier) for n in names]
     return hashlib.sha1("\n".join(sorted(names)).encode()).hexdigest()[:16]
+
+
+def cell_keys(plan: "Plan", steps: List["Step"]) -> Tuple[str, str]:
+    """A cell's commands key and the key its commands had before outputs were renamed (for ``Record.get``)."""
+    return commands_key(plan, steps), commands_key(plan, steps, renamed=True)
 
 
 class Record:
@@ -87,9 +100,12 @@ class Record:
                     self.cells[line["dataset"], line["row"], line["column"], int(line["seed"])] = Recorded(
                         line["commands"], value, line["signature"], line["side_by_side"] == "1", own and float(own))
 
-    def get(self, cell: Cell, commands: str) -> Optional[Recorded]:
-        """The recorded cell if it was measured from the same commands."""
+    def get(self, cell: Cell, commands: str, earlier: str = "") -> Optional[Recorded]:
+        """The recorded cell if it was measured from the same commands (``commands``, or ``earlier``: their
+        key before an output was renamed, then recorded again under ``commands``)."""
         found = self.cells.get(cell)
+        if found and earlier and found.commands == earlier:
+            found = self.cells[cell] = replace(found, commands=commands)
         return found if found and found.commands == commands else None
 
     def put(self, cell: Cell, recorded: Recorded) -> None:
@@ -124,8 +140,9 @@ class Record:
 def fill_from_curves(plan: "Plan", record: Record) -> int:
     """Record the cells of epoch columns (a validation loss after an epoch) that the record's curves
     answer: a column added after a model's training log was lost is read from the curve kept for that
-    model (by its directory's name: the same training arguments) instead of training it again. Only an
-    epoch the curve has: a curve may have been kept from a run still training. Returns how many."""
+    model (by its directory's name: the same training arguments) instead of training it again; a row
+    that never validates after that epoch (--disable-validation, fewer epochs) has no number there. Only
+    an epoch the curve has: a curve may have been kept from a run still training. Returns how many."""
     curves: Dict[Tuple[str, str], Dict[int, float]] = {}
     for line in record.curves():
         curves.setdefault((line["dataset"], line["model"]), {})[line["epoch"]] = line["valid_loss"]
@@ -134,11 +151,12 @@ def fill_from_curves(plan: "Plan", record: Record) -> int:
         ds = plan.table.datasets[col.dataset]
         for row in [r for r in plan.table.rows if plan.applies(ds, r)]:
             for seed in plan.column_seeds(ds, col):
-                cell, key = (ds.id, row.id, col.id, seed), commands_key(plan, cell_steps(plan, ds, row, col, seed))
+                cell, keys = (ds.id, row.id, col.id, seed), cell_keys(plan, cell_steps(plan, ds, row, col, seed))
                 loss = curves.get((ds.id, plan.run_dir(ds, row, seed).name), {}).get(col.epoch)
-                if loss is not None and not record.get(cell, key):
-                    own = MEASURES[col.measure].combine is not None
-                    record.put(cell, Recorded(key, None if own else loss, "", False, loss if own else None))
+                applies = validates_epoch(plan.train_argv(ds, row, seed), col.epoch)
+                if (loss is not None or not applies) and not record.get(cell, *keys):
+                    own = MEASURES[col.measure].combine is not None  # None if the row never validates then
+                    record.put(cell, Recorded(keys[0], None if own else loss, "", False, loss if own else None))
                     filled += 1
     return filled
 
@@ -167,7 +185,7 @@ def steps_to_run(plan: "Plan", steps: List["Step"], record: Optional[Record], ro
             cells = [row] + ([plan.table.row(col.baseline)] if MEASURES[col.measure].combine else [])
             for seed, r in [(seed, r) for seed in plan.column_seeds(ds, col) for r in cells]:
                 needed = cell_steps(plan, ds, r, col, seed)
-                if not (record and record.get((ds.id, r.id, col.id, seed), commands_key(plan, needed))):
+                if not (record and record.get((ds.id, r.id, col.id, seed), *cell_keys(plan, needed))):
                     for step in needed:
                         want(step)
     if plan.table.heatmap and rows is None and not (record and record.has_heatmap()):

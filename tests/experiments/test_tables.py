@@ -571,7 +571,8 @@ def test_an_epoch_column_added_after_the_models_were_lost_is_read_from_the_recor
                         "{id: gap2, label: G, dataset: iwslt14_de_en, measure: valid_gap_at, baseline: a, epoch: 2}, "
                         "{id: gap3, label: G3, dataset: iwslt14_de_en, measure: valid_gap_at, baseline: a, epoch: 3}")
     text = text.replace("{id: b, label: B, reuse: a}", "{id: b, label: B, args: '--dropout 0.3'}")
-    plan = tables.Plan(load_table(write_table(configs, text), "smoke", configs), tmp_path / "t", tmp_path / "data", None,
+    # the paper profile: the smoke profile trains without validation, so no epoch column applies there
+    plan = tables.Plan(load_table(write_table(configs, text), "paper", configs), tmp_path / "t", tmp_path / "data", None,
                        seeds=[1], models_root=tmp_path / "models")
     ds = plan.table.datasets["iwslt14_de_en"]
     a, b = (plan.run_dir(ds, plan.table.row(r), 1).name for r in "ab")
@@ -591,6 +592,40 @@ def test_an_epoch_column_added_after_the_models_were_lost_is_read_from_the_recor
     assert report.get(("b", "gap2")) == pytest.approx(0.5) and report.get(("a", "gap3")) == 0.0
     assert report.get(("b", "gap3")) is None
     assert fill_from_curves(plan, Record(results, "t")) == 0  # collect saved them: recorded once
+    # a row that never validates after the epoch (here: --disable-validation) has no number there, and
+    # nothing trains to find that out
+    smoke = tables.Plan(load_table(write_table(configs, text), "smoke", configs), tmp_path / "s", tmp_path / "data", None,
+                        seeds=[1], models_root=tmp_path / "models")
+    (results / "t.seeds.csv").unlink()
+    record = Record(results, "t")
+    assert fill_from_curves(smoke, record) == 6
+    assert not [s for s in steps_to_run(smoke, smoke.steps(), record) if s.kind == "train"]
+    assert collect(smoke, finished_only=True, record=record).seeds_done == {"a": [1], "b": [1]}
+
+
+def test_a_cell_recorded_before_an_output_was_renamed_still_answers(configs, tmp_path):
+    """The attention analysis once wrote sparsity.csv (now zero_weights.csv): a cell recorded then is the
+    same commands' number, so it answers, and is recorded again under the current name."""
+    from dataclasses import replace
+
+    from fairseq_sparse.experiments.record import Record, Recorded, cell_keys, cell_steps, commands_key
+
+    text = GOOD.replace("{id: bleu, label: BLEU, dataset: iwslt14_de_en, measure: bleu}",
+                        "{id: zero, label: Z, dataset: iwslt14_de_en, measure: zero_weights}")
+    plan = tables.Plan(load_table(write_table(configs, text), "smoke", configs), tmp_path / "t", tmp_path / "data", None,
+                       seeds=[1], models_root=tmp_path / "models")
+    ds, a, col = plan.table.datasets["iwslt14_de_en"], plan.table.row("a"), plan.table.columns[0]
+    steps = cell_steps(plan, ds, a, col, 1)
+    then = [replace(s, output=s.output.with_name("sparsity.csv")) if s.output.name == "zero_weights.csv" else s for s in steps]
+    assert then != steps
+    key, earlier = cell_keys(plan, steps)
+    assert key == commands_key(plan, steps) and earlier == commands_key(plan, then) != key
+    record, cell = Record(tmp_path / "results", "t"), ("iwslt14_de_en", "a", "zero", 1)
+    record.put(cell, Recorded(earlier, 12.5, "", False))
+    assert record.get(cell, key) is None  # other commands, as far as the current key knows
+    assert record.get(cell, key, earlier).value == 12.5 and record.get(cell, key).commands == key
+    record.put(cell, Recorded(commands_key(plan, steps[:-1]), 3.0, "", False))  # commands that differ: no answer
+    assert record.get(cell, key, earlier) is None
 
 
 def test_data_preparation_is_finished_by_its_marker_not_by_the_dictionary(configs, tmp_path):

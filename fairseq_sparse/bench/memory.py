@@ -43,6 +43,7 @@ from torch.profiler import ProfilerActivity, profile
 import fairseq_sparse  # noqa: F401  (registers the functions)
 from fairseq_sparse.core.attention import attention_names, get_attention
 from fairseq_sparse.bench.common import FAIRSEQ
+from fairseq_sparse.core.modules.gathered_attention import GATHER_CHUNK_ELEMENTS
 from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 
 DEFAULT_FUNCTIONS = ["softmax", "topk", "block", "window", "dilated", "global", "random", "bigbird", "topk_oow"]
@@ -154,9 +155,14 @@ def main(argv: List[str] = None) -> Dict[int, Dict[str, Dict[str, float]]]:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--gather-chunk-elements", type=int, metavar="N",
+                        help="the gathered path's chunk budget on --device, in float32 entries (top-k and the "
+                             "patterns at length; default: gathered_attention.GATHER_CHUNK_ELEMENTS)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.gather_chunk_elements:
+        GATHER_CHUNK_ELEMENTS[torch.device(args.device).type] = args.gather_chunk_elements
     rows = [FAIRSEQ] + [name for name in dict.fromkeys(args.functions) if name != FAIRSEQ]
     for name in rows[1:]:
         if name not in attention_names():

@@ -62,6 +62,7 @@ from fairseq_sparse.core.attention import attention_names
 from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, compare_models, load_binarised_pairs,
                                          make_batch, random_sentences, synthetic_dictionary)
 from fairseq_sparse.bench.long_lengths import long_job
+from fairseq_sparse.core.modules.gathered_attention import GATHER_CHUNK_ELEMENTS
 from fairseq_sparse.bench.run_jobs import JOBS, REFERENCES, Batch, build_models, measure, throughput, timed_jobs
 from fairseq_sparse.bench.run_report import describe, format_equivalence, format_report, write_csv
 
@@ -91,6 +92,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=8, help="k for functions that take it")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--gather-chunk-elements", type=int, metavar="N",
+                        help="the gathered path's chunk budget on --device, in float32 entries (top-k and the "
+                             "patterns at length; default: gathered_attention.GATHER_CHUNK_ELEMENTS)")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences of the large batch (train and decode)")
     parser.add_argument("--single-sentences", type=int, default=4,
                         help="sentences decoded one at a time for the batch-1 job (the first of the large batch)")
@@ -156,6 +160,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Dict[str, float]]:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.gather_chunk_elements:
+        GATHER_CHUNK_ELEMENTS[torch.device(args.device).type] = args.gather_chunk_elements
     rows = list(REFERENCES) + [fn for fn in dict.fromkeys(args.functions) if fn not in REFERENCES]
     dictionary, large, target, singles = batches(args)
     models = build_models(rows, args, dictionary, large)

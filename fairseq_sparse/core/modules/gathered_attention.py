@@ -34,12 +34,18 @@ from torch import Tensor
 from .selected_softmax import float32_gradients
 
 _NEG_INF = float("-inf")
-# Query chunks of the gathered path hold at most this many float32 entries each: the
-# (B x H x Tc x S) scores of a chunk that reads them, or its (B x H x Tc x n x d) gathered rows.
-# Top-k self-attention, 8 heads, d_model 512, forward + backward, CPU, one thread: at 512 tokens
-# 2**18 / 2**19 / 2**20 entries peak at 11.7 / 13.1 / 18.8 MiB in 57 / 53 / 52 ms; at 4096 tokens
-# all three peak at 76 MiB, in 1.09 / 1.14 / 1.04 s (within the spread of repetitions).
-GATHER_CHUNK_ELEMENTS = 2**19
+# Query chunks of the gathered path hold at most this many float32 entries each, per device type:
+# the (B x H x Tc x S) scores of a chunk that reads them, or its (B x H x Tc x n x d) gathered rows.
+# CPU (top-k self-attention, 8 heads, 512-d, forward + backward, one thread): 2**18 / 2**19 / 2**20
+# entries peak at 11.7 / 13.1 / 18.8 MiB in 57 / 53 / 52 ms at 512 tokens, 76 MiB in 1.09 / 1.14 / 1.04 s at 4096.
+# CUDA: a chunk is a few small kernels and a host synchronisation (top-k's tie width, a pattern's
+# slot count); with 2**19 entries an H100 waited on Python (results/bench/gpu_h100.md).
+GATHER_CHUNK_ELEMENTS = {"cpu": 2**19, "cuda": 2**23}
+
+
+def chunk_elements(device: torch.device) -> int:
+    """The gathered path's chunk budget (float32 entries) on ``device``."""
+    return GATHER_CHUNK_ELEMENTS.get(device.type, GATHER_CHUNK_ELEMENTS["cpu"])
 
 
 @dataclass
@@ -87,10 +93,9 @@ def as_rows(x: Tensor) -> Tuple[Tensor, Tensor, int]:
 
 
 def _slices(selection: Selection, rows: slice, per_slot: int) -> List[Tuple[slice, Selection]]:
-    """Cut a chunk's selection into query slices of at most GATHER_CHUNK_ELEMENTS gathered entries
-    (a chunk holding a global query has a slot for every key)."""
+    """Cut a chunk's selection into query slices of at most ``chunk_elements`` gathered entries each."""
     num_queries = rows.stop - rows.start
-    step = max(1, GATHER_CHUNK_ELEMENTS // max(1, per_slot * selection.indices.size(-1)))
+    step = max(1, chunk_elements(selection.indices.device) // max(1, per_slot * selection.indices.size(-1)))
     if step >= num_queries:
         return [(rows, selection)]
     parts = []
@@ -223,10 +228,8 @@ def band_candidates(query_positions: Tensor, first_key: Tensor, num_real: Tensor
     return indices.clamp(0, num_keys - 1), positions, hidden
 
 
-
-
-def query_chunks(num_queries: int, per_query: int) -> List[slice]:
-    chunk = max(1, GATHER_CHUNK_ELEMENTS // max(1, per_query))
+def query_chunks(num_queries: int, per_query: int, device: torch.device) -> List[slice]:
+    chunk = max(1, chunk_elements(device) // max(1, per_query))
     return [slice(start, min(start + chunk, num_queries)) for start in range(0, num_queries, chunk)]
 
 
@@ -259,7 +262,7 @@ def plan_gathered(spec, q: Tensor, k: Tensor, ctx, causal: bool, mask_rows: Call
     num_keys = k.size(2)
     if spec.name == "topk":
         width = min(ctx.k, num_keys)
-        rows = query_chunks(num_queries, max(bsz * heads * num_keys, bsz * heads * width * head_dim))
+        rows = query_chunks(num_queries, max(bsz * heads * num_keys, bsz * heads * width * head_dim), q.device)
         select = lambda r: topk_selection(q, k, r, mask_rows(r), ctx.k, scale, causal)  # noqa: E731
         return GatherPlan(rows=rows, select=select, scale=scale, dropout_p=dropout_p)
     band = spec.selection_band(ctx.k) if spec.selection_band is not None else None
@@ -268,7 +271,7 @@ def plan_gathered(spec, q: Tensor, k: Tensor, ctx, causal: bool, mask_rows: Call
         if padding is None or num_queries != num_keys:
             return None
         first_key, num_real = padding
-        rows = query_chunks(num_queries, bsz * heads * (2 * band + 1) * head_dim)
+        rows = query_chunks(num_queries, bsz * heads * (2 * band + 1) * head_dim, q.device)
 
         def select_band(r: slice) -> Selection:
             query_positions = ctx.query_positions[..., r]
@@ -282,7 +285,7 @@ def plan_gathered(spec, q: Tensor, k: Tensor, ctx, causal: bool, mask_rows: Call
             return Selection(indices=indices.gather(-1, selected.indices), empty=selected.empty)
 
         return GatherPlan(rows=rows, select=select_band, scale=scale, dropout_p=dropout_p)
-    rows = query_chunks(num_queries, bsz * heads * num_keys)
+    rows = query_chunks(num_queries, bsz * heads * num_keys, q.device)
 
     def select_dense(r: slice) -> Selection:
         chunk_ctx = context_rows(r)

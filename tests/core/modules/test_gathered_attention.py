@@ -27,7 +27,7 @@ def gathered(monkeypatch):
     """Send every length to the gathered path, in chunks of a few queries; count its calls."""
     monkeypatch.setattr(fused_softmax, "SCORED_GATHER_FROM_KEYS", 1)
     monkeypatch.setattr(fused_softmax, "PATTERN_MASK_ELEMENTS", 0)
-    monkeypatch.setattr(gathered_attention, "GATHER_CHUNK_ELEMENTS", 300)
+    monkeypatch.setitem(gathered_attention.GATHER_CHUNK_ELEMENTS, "cpu", 300)
     calls = []
     original = gathered_attention.GatheredSoftmax.apply
     monkeypatch.setattr(fused_softmax.GatheredSoftmax, "apply", lambda *a: calls.append(1) or original(*a))
@@ -200,3 +200,13 @@ def test_pack_selected_keeps_every_selected_key_in_order():
     assert packed.indices.shape == (3, 3)
     assert packed.indices[0].tolist() == [0, 2, 3] and packed.empty[0].tolist() == [False, False, False]
     assert packed.empty[1].all() and packed.indices[2, 0] == 1 and packed.empty[2].tolist() == [False, True, True]
+
+
+def test_query_chunks_take_the_budget_of_the_tensors_device(monkeypatch):
+    """A GPU runs larger chunks than a CPU (each chunk waits on the host): the budget is looked up by
+    device type, and a device without one of its own takes the CPU's."""
+    monkeypatch.setitem(gathered_attention.GATHER_CHUNK_ELEMENTS, "cpu", 64)
+    monkeypatch.setitem(gathered_attention.GATHER_CHUNK_ELEMENTS, "cuda", 160)
+    assert len(gathered_attention.query_chunks(10, 16, torch.device("cpu"))) == 3  # 4 queries a chunk
+    assert len(gathered_attention.query_chunks(10, 16, torch.device("cuda"))) == 1
+    assert len(gathered_attention.query_chunks(10, 16, torch.device("meta"))) == 3

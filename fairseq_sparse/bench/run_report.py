@@ -4,6 +4,7 @@ large batch), the long-length table, the decoding targets, and the CSV."""
 
 import argparse
 import csv
+import math
 from typing import Dict, List, Optional
 
 import torch
@@ -48,8 +49,10 @@ def format_equivalence(check: Dict, args: argparse.Namespace, n_large: int) -> s
 
 
 def _absolute(name: str, r: Dict, units: Dict[str, int]) -> str:
-    return (f"{name}, absolute: train {r['train_per_second']:,.0f} target tok/s ({r['train_seconds']:.3f} s per step of "
-            f"{units['train']} target tokens); decode batch 1 {r['decode1_per_second']:.2f} sent/s ({r['decode1_seconds']:.3f} s "
+    # --skip-train leaves the train step unmeasured (NaN): say nothing of it
+    train = ("" if math.isnan(r['train_seconds']) else f"train {r['train_per_second']:,.0f} target tok/s "
+             f"({r['train_seconds']:.3f} s per step of {units['train']} target tokens); ")
+    return (f"{name}, absolute: {train}decode batch 1 {r['decode1_per_second']:.2f} sent/s ({r['decode1_seconds']:.3f} s "
             f"for {units['decode1']} sentences); decode batch {units['decodeN']} {r['decodeN_per_second']:.2f} sent/s "
             f"({r['decodeN_seconds']:.3f} s)")
 

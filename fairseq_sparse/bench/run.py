@@ -62,9 +62,9 @@ from fairseq_sparse.core.attention import attention_names
 from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, compare_models, load_binarised_pairs,
                                          make_batch, random_sentences, synthetic_dictionary)
 from fairseq_sparse.bench.long_lengths import long_job
-from fairseq_sparse.core.modules.gathered_attention import GATHER_CHUNK_ELEMENTS
 from fairseq_sparse.bench.run_jobs import JOBS, REFERENCES, Batch, build_models, measure, throughput, timed_jobs
 from fairseq_sparse.bench.run_report import describe, format_equivalence, format_report, write_csv
+from fairseq_sparse.core.modules.gathered_attention import GATHER_CHUNK_ELEMENTS
 
 logger = logging.getLogger("fairseq_sparse.bench.run")
 

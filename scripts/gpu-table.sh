@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# A study table on a lent GPU machine (docs/study.md, "On a lent GPU"): installs the packages from the
+# wheels carried in .whl/ into the machine's own Python, so that fairseq-train and fairseq-generate sit
+# beside it where the table runner looks for them; turns on TF32 matrix products; runs the table for at
+# most MINUTES (the runner resumes from what a cut leaves); then writes its record from what finished and
+# packs the record with every log and decoding, checkpoints left out, into OUT/table.tar.gz.
+# Usage: bash scripts/gpu-table.sh OUT MINUTES TABLE [python -m fairseq_sparse.tables options]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 3 ] || { echo "usage: bash scripts/gpu-table.sh OUT MINUTES TABLE [options]"; exit 2; }
+out=$1 minutes=$2
+shift 2
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --find-links .whl \
+    ve-fairseq hydra-core omegaconf antlr4-python3-runtime bitarray entmax sacremoses click || exit 1
+bin=$(python3 -c 'import os, sys; print(os.path.dirname(sys.executable))')
+for tool in fairseq-train fairseq-generate; do
+    [ -x "$bin/$tool" ] || { echo "$tool was not installed beside $bin/python3"; exit 1; }
+done
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+mkdir -p "$out"
+timeout --kill-after 20 "$((minutes * 60))" python3 -m fairseq_sparse.tables "$@" --record "$out/record"
+echo "table: exit $?"
+python3 -m fairseq_sparse.tables "$@" --report-only --record "$out/record"
+echo "record: exit $?"
+tar czf "$out/table.tar.gz" --exclude='*.pt' "$out/record" runs/tables runs/models

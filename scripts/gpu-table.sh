@@ -2,8 +2,9 @@
 # A study table on a lent GPU machine (docs/study.md, "On a lent GPU"): installs the packages from the
 # wheels carried in .whl/ into the machine's own Python, so that fairseq-train and fairseq-generate sit
 # beside it where the table runner looks for them; turns on TF32 matrix products; runs the table for at
-# most MINUTES (the runner resumes from what a cut leaves); then writes its record from what finished and
-# packs the record with every log and decoding, checkpoints left out, into OUT/table.tar.gz.
+# most MINUTES (the runner resumes from what a cut leaves), its record started from results/study's;
+# writes the record of what finished into OUT/record and packs it with every log and decoding
+# (no checkpoints) into OUT/table.tar.gz.
 # Usage: bash scripts/gpu-table.sh OUT MINUTES TABLE [python -m fairseq_sparse.tables options]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,9 @@ for tool in fairseq-train fairseq-generate; do
 done
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-mkdir -p "$out"
+mkdir -p "$out/record"
+# seeds recorded before (results/study) count, as on the CPU: a row's difference needs its baseline's cells
+cp results/study/"$1".seeds.csv "$out/record/" 2>/dev/null
 timeout --kill-after 20 "$((minutes * 60))" python3 -m fairseq_sparse.tables "$@" --record "$out/record"
 echo "table: exit $?"
 python3 -m fairseq_sparse.tables "$@" --report-only --record "$out/record"

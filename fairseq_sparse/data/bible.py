@@ -58,7 +58,7 @@ from fairseq_sparse.data.bible_corpus import (
     Unit, align, group_chapters, kept_sentences, parse_books, parse_pair, split_by_book, subsample,
 )
 from fairseq_sparse.data.bible_db import DEFAULT_BIBLE, KNOWN_BIBLES, PAIRS, locate_db, read_verses
-from fairseq_sparse.data.binarise import binarize, dictionary_size, find_tool
+from fairseq_sparse.data.binarise import binarize, dictionary_size, find_tool, joined_dictionary
 from fairseq_sparse.data.errors import PrepError
 from fairseq_sparse.data.filtering import kept_indices
 from fairseq_sparse.data.moses import Moses
@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"held-out book numbers (1-66, comma separated) for {split} (default: {book}, {name})")
     p.add_argument("--max-train-pairs", type=int, default=None,
                    help="keep a seeded random subset of this many training pairs")
+    p.add_argument("--train-subset", type=int, default=None,
+                   help="train on a seeded random N of the training pairs left after the length filter, "
+                        "with the BPE codes and (with --binarize) the dictionary of all of them: the amount of "
+                        "training data changed and nothing else")
     p.add_argument("--max-eval-pairs", type=int, default=None,
                    help="keep only the first N pairs of valid and test")
     p.add_argument("--bpe-merges", type=int, default=8000,
@@ -115,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_numbers(args: argparse.Namespace) -> None:
     """The counts among the options are positive where given."""
-    for name in ("max_train_pairs", "max_eval_pairs", "bpe_merges", "max_len"):
+    for name in ("max_train_pairs", "train_subset", "max_eval_pairs", "bpe_merges", "max_len"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise PrepError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -206,10 +210,20 @@ def run(args: argparse.Namespace) -> Dict[str, int]:
     logger.info("length filter (max %d tokens%s) drops %d of %d training pairs",
                 max_len, f", ratio {MAX_RATIO:g}" if ratio else "",
                 len(splits["train"]) - len(keep), len(splits["train"]))
+    dictionary = None
+    if args.train_subset is not None:
+        if args.binarize:  # the dictionary of every kept pair, so that only the training data changes
+            (out / "dict").mkdir(exist_ok=True)
+            for lang in (src_lang, tgt_lang):
+                write_lines(out / "dict" / f"train.{lang}", (bpe["train", lang][i] for i in keep))
+            dictionary = joined_dictionary(out / "dict" / "train", src_lang, tgt_lang, out / "dict")
+        logger.info("--train-subset: training on %d of the %d kept pairs (seed %d)",
+                    min(args.train_subset, len(keep)), len(keep), args.seed)
+        keep = subsample(keep, args.train_subset, args.seed)
     counts = {s: write_split(out, s, splits[s], keep if s == "train" else range(len(splits[s])), langs,
                              tok, bpe, bpe_sentences, args.level) for s in SPLITS}
     if args.binarize:
-        binarize(out, src_lang, tgt_lang)
+        binarize(out, src_lang, tgt_lang, srcdict=dictionary)
 
     types = Counter(w for lang in (src_lang, tgt_lang) for i in keep for w in bpe["train", lang][i].split())
     log_summary(args, out, src_lang, tgt_lang, counts, n_merges, len(types))

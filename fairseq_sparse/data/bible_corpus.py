@@ -6,7 +6,7 @@ verses.  Valid and test are whole held-out books, every other book is training d
 
 import random
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 from fairseq_sparse.data.bible_db import PAIRS, Verses
 from fairseq_sparse.data.errors import PrepError
@@ -89,8 +89,11 @@ def split_by_book(
     return splits
 
 
-def subsample(units: Sequence[Unit], n: Optional[int], seed: int) -> List[Unit]:
-    """At most ``n`` units, drawn with ``seed``, in their original order."""
+Item = TypeVar("Item")
+
+
+def subsample(units: Sequence[Item], n: Optional[int], seed: int) -> List[Item]:
+    """At most ``n`` of ``units``, drawn with ``seed``, in their original order."""
     if n is None or n >= len(units):
         return list(units)
     keep = sorted(random.Random(seed).sample(range(len(units)), n))

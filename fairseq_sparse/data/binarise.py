@@ -55,14 +55,28 @@ def binarize(out: Path, src: str, tgt: str, joined_dictionary: bool = True, work
         shutil.rmtree(dest)
     cmd = preprocess_command(out, src, tgt, joined_dictionary, workers, srcdict, tgtdict)
     logger.info("binarising: %s", " ".join(cmd))
+    _run_preprocess(cmd)
+    return dest
+
+
+def joined_dictionary(trainpref: Path, src: str, tgt: str, dest: Path) -> Path:
+    """The joined dictionary ``fairseq-preprocess`` builds from ``trainpref.{src,tgt}``, alone
+    (``--dict-only``) in ``dest``; returns its path, a ``--srcdict`` for :func:`binarize`."""
+    cmd = [find_tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt, "--joined-dictionary",
+           "--dict-only", "--trainpref", str(trainpref), "--destdir", str(dest), "--workers", "1"]
+    logger.info("dictionary: %s", " ".join(cmd))
+    _run_preprocess(cmd)
+    return dest / f"dict.{src}.txt"
+
+
+def _run_preprocess(cmd: Sequence[str]) -> None:
     if BINARIZE_IN_PROCESS:
         _preprocess_in_process(cmd[1:])
-        return dest
+        return
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:])
         raise PrepError(f"fairseq-preprocess failed with exit status {proc.returncode}")
-    return dest
 
 
 def _preprocess_in_process(argv: Sequence[str]) -> None:

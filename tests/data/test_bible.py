@@ -136,3 +136,25 @@ def test_main_end_to_end(db, tmp_path, level):
     else:
         assert (out / "valid.tok.en").read_text(encoding="utf-8").splitlines()[0] == (
             "The beginning of the gospel of Jesus Christ .")
+
+
+def test_train_subset_changes_the_training_pairs_and_nothing_else(db, tmp_path, monkeypatch):
+    """--train-subset keeps the BPE codes, dictionary, valid and test data of the whole corpus."""
+    pytest.importorskip("fairseq")
+    from fairseq_sparse.data import binarise
+
+    monkeypatch.setattr(binarise, "BINARIZE_IN_PROCESS", True)
+    common = ["--pair", "de-en", "--db", str(db), "--bpe-merges", "20", "--binarize"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert bible.main(common + ["--out", str(whole)]) == 0
+    assert bible.main(common + ["--out", str(part), "--train-subset", "3"]) == 0
+    whole_ids = (whole / "train.ids").read_text().splitlines()
+    part_ids = (part / "train.ids").read_text().splitlines()
+    assert len(whole_ids) == 7 and len(part_ids) == 3
+    assert [i for i in whole_ids if i in part_ids] == part_ids  # a subset, in the corpus's order
+    for name in ("bpecodes", "valid.de", "test.en", "bin/dict.de.txt", "bin/dict.en.txt",
+                 "bin/valid.de-en.de.bin", "bin/test.de-en.en.bin"):
+        assert (part / name).read_bytes() == (whole / name).read_bytes(), name
+    assert (part / "bin/train.de-en.de.bin").stat().st_size < (whole / "bin/train.de-en.de.bin").stat().st_size
+    with pytest.raises(SystemExit, match="--train-subset must be positive"):
+        bible.main(common + ["--out", str(tmp_path / "bad"), "--train-subset", "0"])

@@ -5,7 +5,8 @@
 # `bash scripts/study.sh --report-only` writes the tables from what has finished so far.
 # Order: the diagnosis of the disagreements (study_diagnosis: one change at a time, 10 epochs), the core rows
 # on De-En with the papers' recipe (study_de_en_faithful), the disagreeing rows at two sizes for a fixed 8
-# epochs (study_small_early, study_scale_early) and at the larger size to convergence (study_scale),
+# epochs (study_small_early, study_scale_early), on half the data for as many updates (study_data_early)
+# and at the larger size to convergence (study_scale),
 # the core rows with the first recipe (study_de_en: finished, kept), the sweeps on De-En, the core rows on Fr-En.
 #
 #   bash scripts/study.sh                # train, decode, analyse; tables under runs/tables/study_*/paper
@@ -25,5 +26,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
 # one queue: the next table's trainings start beside the last ones of the table before
 # shellcheck disable=SC2086  # TABLES is a list of names
-exec .venv/bin/python -m fairseq_sparse.tables ${TABLES:-study_diagnosis study_de_en_faithful study_small_early study_scale_early study_scale study_de_en study_sweeps study_fr_en} \
+exec .venv/bin/python -m fairseq_sparse.tables ${TABLES:-study_diagnosis study_de_en_faithful study_small_early study_scale_early study_data_early study_scale study_de_en study_sweeps study_fr_en} \
     --profile paper --jobs "${JOBS:-2}" --record results/study "$@"

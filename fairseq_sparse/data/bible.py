@@ -38,7 +38,9 @@ Files written to ``--out``, for each split (train, valid, test) and language:
 * ``{split}.sentences.{lang}`` and ``{split}.sentences.raw.{lang}`` (document level
   only): the same chapters one verse a line, after BPE and raw; ``{split}.sentcount``
   says how many lines make each chapter (the input of ``fairseq_sparse.data.document_blocks``);
-* ``bpecodes``; and with ``--binarize``, the binarised data in ``bin/``.
+* ``bpecodes``; and with ``--binarize``, the binarised data in ``bin/``;
+* with ``--train-subset`` and ``--binarize``: ``dict/``, the dictionary of every training pair (and
+  their text) that ``bin/`` is binarised with, so only the training data differs from a whole run.
 
 Only the training split is length-filtered (after BPE): a pair is dropped when
 either side has more than ``--max-len`` tokens (default 250 for sentences, 1024

@@ -219,9 +219,9 @@ def run(args: argparse.Namespace) -> Dict[str, int]:
             for lang in (src_lang, tgt_lang):
                 write_lines(out / "dict" / f"train.{lang}", (bpe["train", lang][i] for i in keep))
             dictionary = joined_dictionary(out / "dict" / "train", src_lang, tgt_lang, out / "dict")
-        logger.info("--train-subset: training on %d of the %d kept pairs (seed %d)",
-                    min(args.train_subset, len(keep)), len(keep), args.seed)
-        keep = subsample(keep, args.train_subset, args.seed)
+        subset = subsample(keep, args.train_subset, args.seed)
+        logger.info("--train-subset: training on %d of the %d kept pairs (seed %d)", len(subset), len(keep), args.seed)
+        keep = subset
     counts = {s: write_split(out, s, splits[s], keep if s == "train" else range(len(splits[s])), langs,
                              tok, bpe, bpe_sentences, args.level) for s in SPLITS}
     if args.binarize:

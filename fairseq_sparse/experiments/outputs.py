@@ -97,6 +97,7 @@ def trained_params(log: Path) -> int:
 
 VALID_LOSS = re.compile(r"\| valid on 'valid' subset \| loss ([\d.]+)")
 EPOCH_VALID_LOSS = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)")
+EPOCH_TRAIN_LOSS = re.compile(r"\| train \| epoch (\d+) \| loss ([\d.]+)")  # the epoch's mean, not train_inner's
 EPOCH_DONE = re.compile(r"end of epoch (\d+)")
 WALL = re.compile(r"\bwall[= ](\d+(?:\.\d+)?)")  # not train_wall
 
@@ -134,9 +135,20 @@ def trained_side_by_side(log: Path) -> bool:
 def valid_loss_per_epoch(log: Path) -> Dict[int, float]:
     """{epoch: validation loss} of a training run ({} without validation); an epoch logged twice (a
     leg killed between validating and saving, run again) keeps its last value."""
+    return _per_epoch(EPOCH_VALID_LOSS, log)
+
+
+def train_loss_per_epoch(log: Path) -> Dict[int, float]:
+    """{epoch: mean training loss over the epoch's updates, dropout on} of a training run: beside the
+    validation loss it tells a gap of fit (both higher) from one of generalisation (training lower),
+    for a model that computes the same in training (hard retrieval samples there)."""
+    return _per_epoch(EPOCH_TRAIN_LOSS, log)
+
+
+def _per_epoch(pattern: "re.Pattern[str]", log: Path) -> Dict[int, float]:
     if not log.is_file():
         return {}
-    return {int(m.group(1)): float(m.group(2)) for m in EPOCH_VALID_LOSS.finditer(log.read_text(encoding="utf-8", errors="replace"))}
+    return {int(m.group(1)): float(m.group(2)) for m in pattern.finditer(log.read_text(encoding="utf-8", errors="replace"))}
 
 
 def best_valid_loss(log: Path) -> float:

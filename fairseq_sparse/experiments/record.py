@@ -129,11 +129,13 @@ class Record:
         return any((self.directory / "heatmap").glob("*.png"))
 
     def curves(self) -> List[dict]:
-        """The recorded validation-loss curves: lines of ``NAME.curves.csv`` (dataset, row, seed, model, epoch, valid_loss)."""
+        """The recorded loss curves: lines of ``NAME.curves.csv`` (dataset, row, seed, model, epoch,
+        valid_loss, train_loss: None where the file predates it or the log had none)."""
         if not self.curves_path.is_file():
             return []
         with open(self.curves_path, encoding="utf-8") as f:
-            return [dict(line, seed=int(line["seed"]), epoch=int(line["epoch"]), valid_loss=float(line["valid_loss"]))
+            return [dict(line, seed=int(line["seed"]), epoch=int(line["epoch"]), valid_loss=float(line["valid_loss"]),
+                         train_loss=float(line["train_loss"]) if line.get("train_loss") else None)
                     for line in csv.DictReader(f) if line.get("model")]
 
 

@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 from fairseq_sparse.analysis.report import pyplot
 from fairseq_sparse.experiments.cells import Results
 from fairseq_sparse.experiments.measures import MEASURES
-from fairseq_sparse.experiments.outputs import trained_side_by_side, valid_loss_per_epoch
+from fairseq_sparse.experiments.outputs import train_loss_per_epoch, trained_side_by_side, valid_loss_per_epoch
 from fairseq_sparse.experiments.plan import Plan
 from fairseq_sparse.experiments.record import Record
 from fairseq_sparse.experiments.runner import relative_to_cwd
@@ -120,9 +120,14 @@ def heatmap_dir(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
     return record.directory / "heatmap" if record and record.has_heatmap() else None
 
 
+# train_loss: the epoch's mean training loss (empty in curves recorded before it was kept)
+CURVE_FIELDS = ["dataset", "row", "seed", "model", "epoch", "valid_loss", "train_loss"]
+
+
 def write_curves(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
     """NAME.curves.png and .csv: each trained model's validation loss per epoch (what shows a run
-    converged), one colour per row, one line style per seed; None if no model has validated yet.
+    converged; the .csv also its training loss), one colour per row, one line style per seed; None if
+    no model has validated yet.
     A model whose log this machine no longer has keeps the curve recorded for it (same run directory name)."""
     table, records, seen = plan.table, [], set()
     kept = record.curves() if record else []
@@ -133,15 +138,20 @@ def write_curves(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
                 if run in seen:  # a row that reuses another's model
                     continue
                 seen.add(run)
+                trained = train_loss_per_epoch(run / "train.log")
                 logged = [{"dataset": ds.id, "row": plan.trained_row(row).id, "seed": seed, "model": run.name, "epoch": epoch,
-                           "valid_loss": loss} for epoch, loss in sorted(valid_loss_per_epoch(run / "train.log").items())]
-                records += logged or [r for r in kept if (r["dataset"], r["model"]) == (ds.id, run.name)]
+                           "valid_loss": loss, "train_loss": trained.get(epoch)}
+                          for epoch, loss in sorted(valid_loss_per_epoch(run / "train.log").items())]
+                recorded = [r for r in kept if (r["dataset"], r["model"]) == (ds.id, run.name)]
+                # one run's whole curve, never two spliced: a model trained again after its log was lost
+                # (a continuation needs it) keeps the recorded curve until its own is as long
+                records += logged if len(logged) >= len(recorded) else recorded
     if not records:
         return None
     with open(plan.out / f"{table.name}.curves.csv", "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer = csv.DictWriter(f, fieldnames=CURVE_FIELDS)
         writer.writeheader()
-        writer.writerows(records)
+        writer.writerows({**r, "train_loss": "" if r.get("train_loss") is None else r["train_loss"]} for r in records)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     rows = list(dict.fromkeys(r["row"] for r in records))

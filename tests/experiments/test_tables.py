@@ -537,24 +537,38 @@ def test_curves_plot_every_models_validation_loss_per_epoch(configs, tmp_path):
     log = plan.run_dir(ds, a, 1) / "train.log"
     log.parent.mkdir(parents=True)
     # a resumed run logs epoch 2 twice (killed after validating, before saving): the last one counts
-    log.write_text("".join(f"epoch {e:03d} | valid on 'valid' subset | loss {v} | nll_loss 1\n"
-                           for e, v in [(1, 7.5), (2, 6.25), (2, 6.0), (3, 5.5)]))
+    # fairseq's lines: the epoch's training mean (not train_inner's running ones), then its validation;
+    # epoch 3's training line is missing (a log cut between the two kinds of line keeps the other)
+    log.write_text("".join(
+        f"train_inner | epoch {e:03d}:     10 / 20 loss=9.9, nll_loss=9\n| train | epoch {e:03d} | loss {t} | nll_loss 1\n"
+        * (e < 3) + f"epoch {e:03d} | valid on 'valid' subset | loss {v} | nll_loss 1\n"
+        for e, t, v in [(1, 8.25, 7.5), (2, 7.0, 6.25), (2, 6.5, 6.0), (3, 0, 5.5)]))
     assert write_curves(plan) == plan.out / "t.curves.png" and (plan.out / "t.curves.png").stat().st_size > 0
     with open(plan.out / "t.curves.csv", encoding="utf-8") as f:  # row b reuses a's model: once
-        assert [(r["row"], r["seed"], r["epoch"], r["valid_loss"]) for r in csv.DictReader(f)] == [
-            ("a", "1", "1", "7.5"), ("a", "1", "2", "6.0"), ("a", "1", "3", "5.5")]
+        assert [(r["row"], r["seed"], r["epoch"], r["valid_loss"], r["train_loss"]) for r in csv.DictReader(f)] == [
+            ("a", "1", "1", "7.5", "8.25"), ("a", "1", "2", "6.0", "6.5"), ("a", "1", "3", "5.5", "")]
     # the curve of a model whose log this machine no longer has is kept from the record (by model name)
     from fairseq_sparse.experiments.record import Record
 
     results = tmp_path / "results"
     results.mkdir()
+    # (a curve kept from before train_loss has none)
     kept = f"dataset,row,seed,model,epoch,valid_loss\niwslt14_de_en,a,2,{plan.run_dir(ds, a, 2).name},1,8.5\n" \
            "iwslt14_de_en,a,2,a-000000000000,2,1.0\n"  # another model's (other arguments): not this one's
     (results / "t.curves.csv").write_text(kept)
     write_curves(plan, Record(results, "t"))
     with open(plan.out / "t.curves.csv", encoding="utf-8") as f:
-        assert [(r["seed"], r["epoch"], r["valid_loss"]) for r in csv.DictReader(f)] == [
-            ("1", "1", "7.5"), ("1", "2", "6.0"), ("1", "3", "5.5"), ("2", "1", "8.5")]
+        assert [(r["seed"], r["epoch"], r["valid_loss"], r["train_loss"]) for r in csv.DictReader(f)] == [
+            ("1", "1", "7.5", "8.25"), ("1", "2", "6.0", "6.5"), ("1", "3", "5.5", ""), ("2", "1", "8.5", "")]
+    # a model trained again after its log was lost, its log shorter than the recorded curve, keeps the
+    # recorded curve whole (never two runs spliced) until its own is as long
+    name = plan.run_dir(ds, a, 1).name
+    (results / "t.curves.csv").write_text("dataset,row,seed,model,epoch,valid_loss\n" + "".join(
+        f"iwslt14_de_en,a,1,{name},{e},{v}\n" for e, v in [(1, 7.25), (2, 6.5), (3, 5.75), (4, 5.25)]))
+    write_curves(plan, Record(results, "t"))
+    with open(plan.out / "t.curves.csv", encoding="utf-8") as f:
+        assert [(r["epoch"], r["valid_loss"]) for r in csv.DictReader(f)] == [
+            ("1", "7.25"), ("2", "6.5"), ("3", "5.75"), ("4", "5.25")]
     with pytest.raises(ConfigError, match="curves must be true or false"):
         load_table(write_table(configs, GOOD + "curves: sometimes\n"), "smoke", configs)
 

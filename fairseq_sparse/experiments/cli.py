@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(default: $RAW_DATA; without either, data-prep scripts download)")
     p.add_argument("--models-root", default="runs/models",
                    help="trained models, keyed by their training command so tables share them (default: %(default)s)")
-    p.add_argument("--seeds", type=int, nargs="+", help="override the setting's seeds")
+    p.add_argument("--seeds", type=int, nargs="+",
+                   help="run only these seeds (the report still counts the setting's other seeds that finished)")
     p.add_argument("--rows", nargs="+", metavar="ID",
                    help="run only these rows' commands (and the models they need: the baseline's, a fine-tune's base "
                         "model); of several tables, each table's rows named here (none: nothing of it runs); the report "

@@ -76,9 +76,14 @@ class Plan:
         return steps
 
     def seeds(self, ds: Dataset) -> List[int]:
-        if self.seeds_override:
-            return self.seeds_override
-        return list((self.table.smoke if self.smoke else ds.setting).get("seeds", ds.setting.get("seeds", [1])))
+        """The seeds the table reports: the configured ones and any that --seeds adds. A sitting that
+        trains only some seeds still reports (and keeps the curves of) the others that finished."""
+        configured = (self.table.smoke if self.smoke else ds.setting).get("seeds", ds.setting.get("seeds", [1]))
+        return list(dict.fromkeys([*configured, *(self.seeds_override or [])]))
+
+    def seeds_to_run(self, ds: Dataset) -> List[int]:
+        """The seeds whose commands this sitting runs: --seeds, or every seed the table reports."""
+        return list(self.seeds_override or self.seeds(ds))
 
     def column_seeds(self, ds: Dataset, col: Column) -> List[int]:
         """The seeds the column is measured on: the dataset's, or its first ``first_seeds`` of them."""
@@ -237,7 +242,7 @@ class Plan:
         return []
 
     def steps(self) -> List[Step]:
-        """All commands in order, each once (a decode shared by two columns runs once)."""
+        """All commands of the seeds to run, in order, each once (a decode shared by two columns runs once)."""
         steps: List[Step] = []
         seen = set()
 
@@ -253,7 +258,7 @@ class Plan:
         for ds in used:
             columns = [c for c in self.table.columns if c.dataset == ds.id]
             rows = [r for r in self.table.rows if self.applies(ds, r)]
-            for seed in self.seeds(ds):
+            for seed in self.seeds_to_run(ds):
                 # each row's measurements as soon as the models they read are trained: a long run
                 # (the CPU study) has numbers to report while later rows still train
                 trained, waiting = set(), []
@@ -277,7 +282,7 @@ class Plan:
         spec = self.table.heatmap
         ds = self.table.datasets[spec["dataset"]]
         rows = [self.table.row(r) for r in spec["rows"]]
-        seed = self.seeds(ds)[0]
+        seed = self.seeds_to_run(ds)[0]
         out = self.out / "heatmap"
         argv = [sys.executable, "-m", "fairseq_sparse.analysis", "heatmap", str(self.data_dir(ds) / "bin"),
                 "--path", *[str(self.checkpoint(ds, r, seed)) for r in rows], "--labels", *[r.label for r in rows],

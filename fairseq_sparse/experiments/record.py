@@ -185,7 +185,8 @@ def steps_to_run(plan: "Plan", steps: List["Step"], record: Optional[Record], ro
         for row in [r for r in plan.table.rows if plan.applies(ds, r) and (rows is None or r.id in rows)]:
             # a combined cell's value also needs the baseline's own number: its cell's steps if not recorded
             cells = [row] + ([plan.table.row(col.baseline)] if MEASURES[col.measure].combine else [])
-            for seed, r in [(seed, r) for seed in plan.column_seeds(ds, col) for r in cells]:
+            running = [seed for seed in plan.column_seeds(ds, col) if seed in plan.seeds_to_run(ds)]
+            for seed, r in [(seed, r) for seed in running for r in cells]:
                 needed = cell_steps(plan, ds, r, col, seed)
                 if not (record and record.get((ds.id, r.id, col.id, seed), *cell_keys(plan, needed))):
                     for step in needed:

@@ -182,6 +182,26 @@ def test_a_first_seeds_column_runs_and_waits_for_the_first_seeds_only(configs, t
     assert seed_2_of_b == ["train b on iwslt14_de_en (seed 2)", "decode b on iwslt14_de_en test (seed 2)"]
 
 
+def test_seeds_chooses_what_a_sitting_runs_not_what_the_table_reports(configs, tmp_path):
+    """--seeds 2 on a table of seeds [1, 2] runs seed 2's commands only, while the report, the curves
+    and the recorded cells keep seed 1 (a model whose log is gone lives on only in the record)."""
+    from fairseq_sparse.experiments.record import steps_to_run
+
+    (configs / "papers" / "p.yaml").write_text("settings:\n  base:\n    train: '--arch transformer_sparse'\n    seeds: [1, 2]\n")
+    table = load_table(write_table(configs, GOOD), "paper", configs)
+    ds = table.datasets["iwslt14_de_en"]
+    second = tables.Plan(table, tmp_path, tmp_path / "data", None, seeds=[2])
+    assert second.seeds(ds) == [1, 2] and second.seeds_to_run(ds) == [2]
+    assert second.column_seeds(ds, table.columns[0]) == [1, 2]
+    labels = [s.label for s in second.steps()]
+    assert "train a on iwslt14_de_en (seed 2)" in labels and not any("(seed 1)" in label for label in labels)
+    assert not any("(seed 1)" in s.label for s in steps_to_run(second, second.steps(), None, rows=["a"]))
+    third = tables.Plan(table, tmp_path, tmp_path / "data", None, seeds=[3])
+    assert third.seeds(ds) == [1, 2, 3] and third.seeds_to_run(ds) == [3]  # a seed beyond the table's is added
+    every = tables.Plan(table, tmp_path, tmp_path / "data", None)
+    assert every.seeds_to_run(ds) == every.seeds(ds) == [1, 2]
+
+
 # ---------------------------------------------------------------- every table: commands parse
 
 
@@ -390,6 +410,9 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
     assert tables.main([str(config), *fresh, "--seeds", "1", "2"]) == 0
     printed = capsys.readouterr().out
     assert ", 0 to run, " in printed and "[1/" not in printed and not (tmp_path / "new" / "models").exists()
+    assert cells((tmp_path / "new" / "run" / "seeds.md").read_text()) == cells(md)
+    # a sitting of seed 2 alone reports seed 1's recorded cells beside it, not seed 2 alone
+    assert tables.main([str(config), *fresh, "--seeds", "2"]) == 0
     assert cells((tmp_path / "new" / "run" / "seeds.md").read_text()) == cells(md)
     # ... and a third seed runs only its own commands (and prepares the data)
     from fairseq_sparse.experiments.record import Record, steps_to_run

@@ -51,6 +51,6 @@ setup(
     # the table configurations run from an installed package (python -m fairseq_sparse.tables NAME)
     package_data={"fairseq_sparse": ["configs/*.yaml", "configs/*/*.yaml", "configs/README.md"]},
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": ["pytest==9.2.0"]},
+    extras_require={"test": ["pytest==9.2.0", "pytest-xdist==3.8.0"]},
     classifiers=["Programming Language :: Python :: 3.11", "Programming Language :: Python :: 3.12", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
 )

@@ -1,6 +1,10 @@
 import os
 import sys
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one thread per worker (and per command a test runs): two 2-thread workers on 2 cores would fight
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
 # tests import their shared helpers (attention_cases, helpers) as top-level modules
 sys.path.insert(0, os.path.dirname(__file__))
 

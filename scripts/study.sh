@@ -15,6 +15,7 @@
 #   TABLES="study_de_en" bash scripts/study.sh --rows softmax l0drop   # these rows only, with the models
 #                                        # they need (what fits in one sitting: ~2 h a model alone);
 #                                        # of several tables, each one's rows among those named
+#   MALLOC=system bash scripts/study.sh  # glibc's malloc even where tcmalloc is installed (see below)
 #   JOBS=1 bash scripts/study.sh         # one training at a time (default 2: two trainings side by side,
 #                                        # the cores split between them; decodes still run alone)
 # Every finished cell (each seed's value, with the identity of the commands that measured it) is kept in
@@ -24,6 +25,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
+# tcmalloc where it is installed (Debian: apt-get install libtcmalloc-minimal4): glibc's malloc hands the
+# large per-batch tensors back to the kernel and faults them in again, a quarter of the CPU time in
+# the kernel; tcmalloc made 1.54x the updates a second with the same losses on 2 cores
+# (COMPARE=tcmalloc bash scripts/study-throughput.sh). MALLOC=system keeps glibc's.
+TCMALLOC=$(ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null | head -1 || true)
+if [ -n "$TCMALLOC" ] && [ "${MALLOC:-tcmalloc}" = tcmalloc ]; then
+    export LD_PRELOAD="$TCMALLOC${LD_PRELOAD:+:$LD_PRELOAD}"
+    echo "study.sh: commands run with tcmalloc ($TCMALLOC; MALLOC=system to keep glibc's malloc)"
+fi
 # one queue: the next table's trainings start beside the last ones of the table before
 # shellcheck disable=SC2086  # TABLES is a list of names
 exec .venv/bin/python -m fairseq_sparse.tables ${TABLES:-study_diagnosis study_de_en_faithful study_small_early study_scale_early study_data_early study_scale study_de_en study_sweeps study_fr_en} \

@@ -24,7 +24,7 @@ PYTHON=${PYTHON:-python}
 [ -f "$DATA/dict.en.txt" ] || { echo "study-throughput.sh: no prepared data in $DATA (run the study's prepare step first)" >&2; exit 2; }
 SETTING=${SETTING:-cpu_faithful}
 COMPARE=${COMPARE:-bf16}
-TCMALLOC=${TCMALLOC:-$(ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null | head -1)}
+TCMALLOC=${TCMALLOC:-$(ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null | head -1 || true)}
 THREADS=$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))
 mapfile -d '' STUDY_TRAIN < <("$PYTHON" -c 'import shlex, sys, yaml
 settings = yaml.safe_load(open("fairseq_sparse/configs/papers/study.yaml"))["settings"]

@@ -241,8 +241,9 @@ class Plan:
             return [self.generate_step(ds, r, col, seed) for r in rows]
         return []
 
-    def steps(self) -> List[Step]:
-        """All commands of the seeds to run, in order, each once (a decode shared by two columns runs once)."""
+    def steps(self, every_seed: bool = False) -> List[Step]:
+        """All commands of the seeds to run (of every seed the table reports with ``every_seed``: what
+        commands.sh lists), in order, each once (a decode shared by two columns runs once)."""
         steps: List[Step] = []
         seen = set()
 
@@ -258,7 +259,7 @@ class Plan:
         for ds in used:
             columns = [c for c in self.table.columns if c.dataset == ds.id]
             rows = [r for r in self.table.rows if self.applies(ds, r)]
-            for seed in self.seeds_to_run(ds):
+            for seed in (self.seeds(ds) if every_seed else self.seeds_to_run(ds)):
                 # each row's measurements as soon as the models they read are trained: a long run
                 # (the CPU study) has numbers to report while later rows still train
                 trained, waiting = set(), []

@@ -99,13 +99,16 @@ def execute(plan: Plan, steps: List[Step], jobs: int = 1, finished: Callable[[],
 
 @dataclass
 class TableRun:
-    """One table's part of a run: its plan, all its steps (commands.sh lists them), the steps its cells
-    still need (None: all), and what to call when one of its steps has finished (the report so far)."""
+    """One table's part of a run: its plan, all its steps of the seeds to run, the steps its cells still
+    need (None: all), what to call when one of its steps has finished (the report so far), and the
+    commands commands.sh lists (None: ``steps``; a sitting of one seed lists every seed's, so the
+    committed file names every command the table's numbers came from)."""
 
     plan: Plan
     steps: List[Step]
     needed: Optional[List[Step]] = None
     finished: Callable[[], None] = lambda: None
+    listed: Optional[List[Step]] = None
 
 
 def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
@@ -119,7 +122,7 @@ def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
     shared: Dict[Path, tuple] = {}  # a training's output -> the one name its model has in the queue
     names: List[Dict[tuple, tuple]] = []  # per table: its name of a model -> the queue's
     for t, run in enumerate(tables):
-        write_commands(run.plan, run.steps)
+        write_commands(run.plan, run.listed or run.steps)
         todo = [s for s in (run.steps if run.needed is None else run.needed) if not done(s)]
         recorded = (f", {len(run.steps) - len(run.needed)} not needed (their cells are recorded, or their rows not chosen)"
                     if run.needed is not None else "")

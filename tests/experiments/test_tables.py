@@ -414,6 +414,9 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
     # a sitting of seed 2 alone reports seed 1's recorded cells beside it, not seed 2 alone
     assert tables.main([str(config), *fresh, "--seeds", "2"]) == 0
     assert cells((tmp_path / "new" / "run" / "seeds.md").read_text()) == cells(md)
+    # ... and its commands.sh (what the record keeps) still lists seed 1's commands beside seed 2's
+    listed = (tmp_path / "new" / "run" / "commands.sh").read_text()
+    assert "(seed 1)" in listed and "(seed 2)" in listed
     # ... and a third seed runs only its own commands (and prepares the data)
     from fairseq_sparse.experiments.record import Record, steps_to_run
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training throughput of the CPU study's model with and without one change, measured in the layout the
-# study trains in (JOBS trainings side by side, OMP_NUM_THREADS cores / JOBS threads each), the two
+# study trains in (JOBS trainings side by side, the cores / JOBS threads each), the two
 # variants in turn, ROUNDS times, so that machine noise hits both alike. Prints updates/s per training
 # for each round and the ratio of the medians (variant / baseline). Stop the study's trainings first:
 # anything beside them is measured slower and slows them. COMPARE names the change:

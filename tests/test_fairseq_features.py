@@ -272,7 +272,7 @@ def model_log_probs(model, source: Sequence[str], hypothesis: Sequence[str]) -> 
     Incremental, as the search computes them: a hard selection (top-k, argmax) of a model trained for
     three updates has near-ties (a k-th and (k+1)-th score 1e-7 apart), which the full pass, rounding
     otherwise in float32, can break the other way (0.036 on one top-k token; in float64 both passes agree
-    to 1e-7). That incremental decoding equals the full pass is tests/core's check."""
+    to 1e-7). That incremental decoding equals the full pass is tests/core/models/test_sublayers.py's check."""
     dictionary = model.decoder.dictionary
     source_ids = [model.encoder.dictionary.index(t) for t in source] + [dictionary.eos()]
     previous = torch.tensor([[dictionary.eos()] + [dictionary.index(t) for t in hypothesis]])

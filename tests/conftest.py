@@ -28,3 +28,20 @@ def bible(tmp_path_factory):
         check=True, capture_output=True, timeout=900,
     )
     return out
+
+
+# The files that take longest (minutes each on 2 cores; `pytest --durations`), handed out first, the
+# others after them in collection order (scripts/test.sh: --dist loadfile --no-loadscope-reorder;
+# xdist would otherwise order files by their number of tests, and a long file of few tests started
+# last keeps one worker busy alone at the end).
+LONGEST_FIRST = ["experiments/test_table_smoke_runs.py", "test_fairseq_features.py", "experiments/test_tables.py",
+                 "test_wheel_install.py", "test_end_to_end.py", "core/models/test_half_precision.py",
+                 "core/models/test_distributed.py", "test_continue_training.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = Path(str(item.fspath)).relative_to(Path(__file__).parent).as_posix()
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the tests of a file keep their order

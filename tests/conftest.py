@@ -41,7 +41,7 @@ LONGEST_FIRST = ["experiments/test_table_smoke_runs.py", "test_fairseq_features.
 
 def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
-        path = Path(str(item.fspath)).relative_to(Path(__file__).parent).as_posix()
+        path = item.path.relative_to(Path(__file__).parent).as_posix()
         return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the tests of a file keep their order

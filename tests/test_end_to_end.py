@@ -66,17 +66,13 @@ def check_generation(output: str, bible: Path, tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def softmax_checkpoint(bible, tmp_path_factory):
+    """fairseq-train in a process of its own that loads the plugin from --user-dir. Every registered
+    function is trained and decoded by fairseq-train and fairseq-generate in test_fairseq_features (in
+    one process: the same code, without a start-up per function)."""
     save_dir = tmp_path_factory.mktemp("softmax")
     log = train(bible, save_dir)
     assert "num_updates 5" in log and "nan" not in re.findall(r"loss[= ](\S+)", log)
     return save_dir
-
-
-def test_train_then_generate_and_score_in_fresh_processes(bible, softmax_checkpoint, tmp_path):
-    """The console scripts, each in a process of its own that loads the plugin from --user-dir. Every
-    registered function is trained and decoded by fairseq-train and fairseq-generate in
-    test_fairseq_features (in one process: the same code, without a start-up per function)."""
-    check_generation(generate(bible, softmax_checkpoint / "checkpoint_last.pt"), bible, tmp_path)
 
 
 def test_restore_file_continues_training(bible, softmax_checkpoint):

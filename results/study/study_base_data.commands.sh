@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Every command of this table, in order (run from the directory the table ran in: paths under it are relative).
+set -e
+# prepare bible_de_en_half (1/1)
+/opt/torch/.venv/bin/python3 -m fairseq_sparse.data.bible --pair de-en --bpe-merges 8000 --train-subset 14762 --binarize --out runs/data/paper/bible_de_en_half > runs/data/paper/bible_de_en_half/prep0.log 2>&1
+# train softmax on bible_de_en_half (seed 1)
+/opt/torch/.venv/bin/fairseq-train runs/data/paper/bible_de_en_half/bin --user-dir fairseq_sparse --arch transformer_sparse --share-all-embeddings --attn-k 8 --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.0007 --lr-scheduler inverse_sqrt --warmup-updates 4000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1 --max-tokens 4096 --max-epoch 32 --keep-last-epochs 6 --log-format simple --log-interval 100 --num-workers 0 --encoder-attn-fn softmax --decoder-attn-fn softmax --cross-attn-fn softmax --seed 1 --save-dir runs/models/paper/bible_de_en_half/softmax-33841514c12c/checkpoints > runs/models/paper/bible_de_en_half/softmax-33841514c12c/train.log 2>&1
+# average softmax on bible_de_en_half (seed 1)
+/opt/torch/.venv/bin/python3 -m fairseq_sparse.average_checkpoints runs/models/paper/bible_de_en_half/softmax-33841514c12c/checkpoints --last 6 --by epoch --output runs/models/paper/bible_de_en_half/softmax-33841514c12c/checkpoint_avg.pt > runs/models/paper/bible_de_en_half/softmax-33841514c12c/average.log 2>&1
+# decode softmax on bible_de_en_half test (seed 1)
+/opt/torch/.venv/bin/fairseq-generate runs/data/paper/bible_de_en_half/bin --user-dir fairseq_sparse --path runs/models/paper/bible_de_en_half/softmax-33841514c12c/checkpoint_avg.pt --gen-subset test --beam 4 --lenpen 0.6 --batch-size 64 --required-batch-size-multiple 1 --post-process subword_nmt > runs/tables/study_base_data/paper/decode/bible_de_en_half/softmax/seed1/test.884de4c1.txt 2>&1
+# train rela_g on bible_de_en_half (seed 1)
+/opt/torch/.venv/bin/fairseq-train runs/data/paper/bible_de_en_half/bin --user-dir fairseq_sparse --arch transformer_sparse --share-all-embeddings --attn-k 8 --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.0007 --lr-scheduler inverse_sqrt --warmup-updates 4000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1 --max-tokens 4096 --max-epoch 32 --keep-last-epochs 6 --log-format simple --log-interval 100 --num-workers 0 --encoder-attn-fn rela_g --decoder-attn-fn rela_g --cross-attn-fn rela_g --seed 1 --save-dir runs/models/paper/bible_de_en_half/rela_g-775c9b780341/checkpoints > runs/models/paper/bible_de_en_half/rela_g-775c9b780341/train.log 2>&1
+# average rela_g on bible_de_en_half (seed 1)
+/opt/torch/.venv/bin/python3 -m fairseq_sparse.average_checkpoints runs/models/paper/bible_de_en_half/rela_g-775c9b780341/checkpoints --last 6 --by epoch --output runs/models/paper/bible_de_en_half/rela_g-775c9b780341/checkpoint_avg.pt > runs/models/paper/bible_de_en_half/rela_g-775c9b780341/average.log 2>&1
+# decode rela_g on bible_de_en_half test (seed 1)
+/opt/torch/.venv/bin/fairseq-generate runs/data/paper/bible_de_en_half/bin --user-dir fairseq_sparse --path runs/models/paper/bible_de_en_half/rela_g-775c9b780341/checkpoint_avg.pt --gen-subset test --beam 4 --lenpen 0.6 --batch-size 64 --required-batch-size-multiple 1 --post-process subword_nmt > runs/tables/study_base_data/paper/decode/bible_de_en_half/rela_g/seed1/test.884de4c1.txt 2>&1

@@ -62,7 +62,7 @@ def test_wheel_in_a_fresh_environment_runs_outside_the_checkout(tmp_path, bible)
              cwd=outside, env=env)
     assert "Translated 10 sentences" in out
     # a table by name from the package's configurations and data-prep scripts, every command parsed by its
-    # tool (tests/experiments/test_table_smoke_runs.py runs hard_table4 end to end from the checkout)
+    # tool (tests/experiments/test_table_smoke_runs.py runs the demo table end to end from the checkout)
     report = sh(python, "-m", "fairseq_sparse.tables", "hard_table4", "--profile", "smoke", "--dry-run", cwd=outside, env=env)
     assert "hard_table4 (smoke): " in report and " commands parse" in report and str(venv) in report
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -25,7 +26,23 @@ def _load_script(path: Path):
     return module
 
 
-_PARSED: set = set()  # argument lists already parsed, paths left out: rows and seeds share most of them
+_PARSED: set = set()  # argument lists already parsed, as _shape gives them: rows and seeds share most of them
+_INT, _FLOAT = re.compile(r"-?\d+"), re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE]-?\d+)?")
+
+
+def _shape(tool: str, argument: str) -> str:
+    """What decides whether an argument parses: paths left out, and for fairseq's own parsers (a
+    second each: hydra composes the whole configuration) a number's type, not its value. No option of
+    fairseq or of this plugin limits a number to listed choices, so seeds, k, learning rates and sizes
+    that differ in value parse alike."""
+    if "/" in argument:
+        return "PATH"
+    if tool in ("fairseq-train", "fairseq-generate", "fairseq_sparse.train"):
+        if _INT.fullmatch(argument):
+            return "INT"
+        if _FLOAT.fullmatch(argument):
+            return "FLOAT"
+    return argument
 
 
 def check_parses(step: Step) -> None:
@@ -35,7 +52,8 @@ def check_parses(step: Step) -> None:
     import fairseq_sparse  # noqa: F401  (registers the architectures and criteria)
 
     argv = step.argv
-    key = (Path(argv[0]).name, *("PATH" if "/" in a else a for a in argv[1:]))
+    tool = argv[2] if argv[0] == sys.executable and argv[1] == "-m" else Path(argv[0]).name
+    key = (Path(argv[0]).name, *(_shape(tool, a) for a in argv[1:]))
     if key in _PARSED:
         return
     try:

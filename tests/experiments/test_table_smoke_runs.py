@@ -123,21 +123,13 @@ def test_a_fine_tune_cut_short_resumes_from_its_own_checkpoint(smoke_root):
 def test_averaged_checkpoint_is_the_mean_of_the_last_two(smoke_root):
     from fairseq import checkpoint_utils
 
-    run = next((smoke_root / "models" / "smoke").glob("*/softmax-*"))
+    run = next((smoke_root / "models" / "smoke" / "bible_de_en").glob("softmax-*"))
     parts = [checkpoint_utils.load_checkpoint_to_cpu(str(p))["model"] for p in sorted((run / "checkpoints").glob("checkpoint_1_*.pt"))]
     averaged = checkpoint_utils.load_checkpoint_to_cpu(str(run / "checkpoint_avg.pt"))["model"]
     assert len(parts) == 2
     name = "encoder.layers.0.fc1.weight"
     assert not torch.equal(parts[0][name], parts[1][name])
     torch.testing.assert_close(averaged[name], (parts[0][name] + parts[1][name]) / 2)
-
-
-def test_hard_table4_decodes_one_model_two_ways_in_smoke_profile(smoke_root, capsys):
-    run_table("hard_table4", smoke_root, capsys)
-    csv_text = (smoke_root / "hard_table4" / "hard_table4.csv").read_text()
-    assert csv_text.count("\n") == 1 + 4 and "failed" not in csv_text
-    decodes = list((smoke_root / "hard_table4" / "decode").rglob("test.*.txt"))
-    assert len(decodes) == 4  # two trained models, each decoded with soft and with hard attention
 
 
 STUDY_LIKE = """name: seeds
@@ -158,6 +150,29 @@ rows:
   - {id: topk, label: topk, args: "--encoder-attn-fn topk --decoder-attn-fn topk --cross-attn-fn topk --attn-k 2",
      paper: {delta: +0.3}}
 """
+
+
+def test_several_tables_in_one_command_are_one_queue_and_each_writes_its_report(smoke_root, tmp_path, capsys, monkeypatch):
+    """Two tables sharing a model (the same row, the same training command): trained once in one queue,
+    each table's report and record written, --rows picking each table's rows; --out (one table's
+    folder) with two tables is an error. Its seed-1 models are the two-seed test's (below)."""
+    monkeypatch.chdir(tmp_path)  # the reports go to runs/tables/NAME/smoke here
+    first, second = tmp_path / "seeds.yaml", tmp_path / "renamed.yaml"
+    first.write_text(STUDY_LIKE)
+    second.write_text(STUDY_LIKE.replace("name: seeds", "name: renamed").replace("id: topk", "id: sparse"))
+    common = ["--profile", "smoke", "--models-root", str(smoke_root / "models"), "--data-root", str(smoke_root / "data"),
+              "--seeds", "1", "--record", str(tmp_path / "results")]
+    assert tables.main([str(first), str(second), *common, "--rows", "topk", "sparse", "softmax"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("train softmax on bible_de_en_full (seed 1)") == 1, "the shared model trained twice"
+    assert "train topk on" in printed and "train sparse on" in printed  # another id: another model
+    reports = [cells((tmp_path / "results" / f"{name}.md").read_text()) for name in ("seeds", "renamed")]
+    assert reports[0]["topk"]["BLEU"] == reports[1]["topk"]["BLEU"] not in ("—", "failed")  # labels kept, ids renamed
+    assert (tmp_path / "runs" / "tables" / "renamed" / "smoke" / "commands.sh").is_file()
+    assert tables.main([str(first), str(second), *common, "--out", str(tmp_path / "x")]) == 1
+    assert "--out is one table's folder; 2 tables were given" in capsys.readouterr().err
+    assert tables.main([str(first), str(second), *common, "--rows", "nope"]) == 1
+    assert "(rows: seeds: softmax, topk; renamed: softmax, sparse)" in capsys.readouterr().err
 
 
 def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke_root, tmp_path, capsys):
@@ -230,9 +245,9 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
     again = to_run(changed, [1])
     assert "train topk on bible_de_en_full (seed 1)" in again and "zero attention weights of topk on bible_de_en_full (seed 1)" in again
     assert "zero attention weights of softmax on bible_de_en_full (seed 1)" not in again  # softmax's cells are the same commands
-    # a difference records each row's own BLEU: a sitting that lost one row's seed runs that row alone
-    # (not the baseline's model) and takes the baseline's BLEU from the record; --rows leaves the
-    # cells of rows not chosen that are neither recorded nor run out of the report, not failed
+    # a difference records each row's own BLEU: a sitting that lost one row's cells of a seed runs that
+    # row's steps alone (none of the baseline's) and takes the baseline's BLEU from the record; --rows
+    # leaves the cells of rows not chosen that are neither recorded nor run out of the report, not failed
     partial = tmp_path / "partial"
     partial.mkdir()
     with open(results / "seeds.seeds.csv", encoding="utf-8") as f:
@@ -243,10 +258,10 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
         writer.writerows(line for line in lines if (line["row"], line["seed"]) != ("topk", "2")
                          and (line["row"], line["column"], line["seed"]) != ("softmax", "zero", "2"))
     assert tables.main([str(config), "--profile", "smoke", "--out", str(tmp_path / "partial-run"), "--record", str(partial),
-                        "--models-root", str(tmp_path / "partial-models"), "--data-root", str(tmp_path / "new" / "data"),
+                        "--models-root", str(smoke_root / "models"), "--data-root", str(smoke_root / "data"),
                         "--seeds", "1", "2", "--rows", "topk"]) == 0
     printed = capsys.readouterr().out
-    assert "train topk on bible_de_en_full (seed 2)" in printed and " softmax on " not in printed
+    assert "decode topk on bible_de_en_full test (seed 2)" in printed and " softmax on " not in printed
     text = (tmp_path / "partial-run" / "seeds.md").read_text()
     report = cells(text)
     assert "seeds finished per row: softmax 1; topk 1,2." in text  # softmax's seed 2 lacks a cell
@@ -257,26 +272,3 @@ def test_two_seeds_give_mean_and_std_and_report_only_counts_finished_seeds(smoke
     assert float(topk["own"]) == pytest.approx(float(after["topk", "bleu", "2"]["value"]), abs=1e-6)
     assert float(topk["value"]) == pytest.approx(float(topk["own"]) - float(softmax["own"]), abs=1e-5)
     assert len(after) == len(lines) - 1
-
-
-def test_several_tables_in_one_command_are_one_queue_and_each_writes_its_report(smoke_root, tmp_path, capsys, monkeypatch):
-    """Two tables sharing a model (the same row, the same training command): trained once in one queue,
-    each table's report and record written, --rows picking each table's rows; --out (one table's
-    folder) with two tables is an error."""
-    monkeypatch.chdir(tmp_path)  # the reports go to runs/tables/NAME/smoke here
-    first, second = tmp_path / "seeds.yaml", tmp_path / "renamed.yaml"
-    first.write_text(STUDY_LIKE)
-    second.write_text(STUDY_LIKE.replace("name: seeds", "name: renamed").replace("id: topk", "id: sparse"))
-    common = ["--profile", "smoke", "--models-root", str(tmp_path / "models"), "--data-root", str(smoke_root / "data"),
-              "--seeds", "1", "--record", str(tmp_path / "results")]
-    assert tables.main([str(first), str(second), *common, "--rows", "topk", "sparse", "softmax"]) == 0
-    printed = capsys.readouterr().out
-    assert printed.count("train softmax on bible_de_en_full (seed 1)") == 1, "the shared model trained twice"
-    assert "train topk on" in printed and "train sparse on" in printed  # another id: another model
-    reports = [cells((tmp_path / "results" / f"{name}.md").read_text()) for name in ("seeds", "renamed")]
-    assert reports[0]["topk"]["BLEU"] == reports[1]["topk"]["BLEU"] not in ("—", "failed")  # labels kept, ids renamed
-    assert (tmp_path / "runs" / "tables" / "renamed" / "smoke" / "commands.sh").is_file()
-    assert tables.main([str(first), str(second), *common, "--out", str(tmp_path / "x")]) == 1
-    assert "--out is one table's folder; 2 tables were given" in capsys.readouterr().err
-    assert tables.main([str(first), str(second), *common, "--rows", "nope"]) == 1
-    assert "(rows: seeds: softmax, topk; renamed: softmax, sparse)" in capsys.readouterr().err

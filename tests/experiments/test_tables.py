@@ -210,6 +210,29 @@ def test_every_command_of_every_table_parses(config, profile, tmp_path, capsys):
     assert "commands parse" in capsys.readouterr().out
 
 
+def test_a_dry_run_parses_a_number_of_another_type_again(tmp_path, capsys):
+    """Commands that differ only in a number's value are parsed once (a second each for fairseq's
+    parsers); a number of another type is parsed again and caught."""
+    config = tmp_path / "k.yaml"
+    config.write_text("""name: k
+title: k
+paper: study
+source: test
+datasets: [{id: bible_de_en_full, setting: cpu_converge}]
+columns: [{id: bleu, label: BLEU, dataset: bible_de_en_full, measure: bleu}]
+rows:
+  - {id: k2, label: k2, args: "--encoder-attn-fn topk --attn-k 2"}
+  - {id: k3, label: k3, args: "--encoder-attn-fn topk --attn-k 3"}
+  - {id: half, label: half, args: "--encoder-attn-fn topk --attn-k 2.5"}
+""")
+    argv = [str(config), "--profile", "smoke", "--dry-run", "--out", str(tmp_path / "out"), "--raw-data", str(tmp_path / "raw")]
+    assert tables.main(argv) == 1
+    printed = capsys.readouterr()
+    assert "ok  train k3 on" in printed.out and "train half on bible_de_en_full (seed 1): the command does not parse" in printed.err
+    config.write_text(config.read_text().replace("--attn-k 2.5", "--attn-k 4"))
+    assert tables.main(argv) == 0
+
+
 def test_every_table_runs_by_name(capsys):
     """python -m fairseq_sparse.tables NAME (and scripts/table.sh NAME) finds every shipped table."""
     for config in TABLES:

@@ -104,7 +104,6 @@ def test_a_recorded_table_keeps_its_heatmaps_and_needs_no_model_again(smoke_root
 def test_a_fine_tune_cut_short_resumes_from_its_own_checkpoint(smoke_root):
     """The demo's L0Drop fine-tune started from the softmax model; launched again with a later
     --max-update, it goes on from its checkpoint_last.pt instead of fine-tuning from update 0."""
-    import shlex
     import subprocess
 
     commands = (smoke_root / "demo" / "commands.sh").read_text().splitlines()

@@ -20,8 +20,9 @@ done
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 mkdir -p "$out/record"
-# seeds recorded before (results/study) count, as on the CPU: a row's difference needs its baseline's cells
-cp results/study/"$1".seeds.csv "$out/record/" 2>/dev/null
+# seeds recorded before (results/study) count, as on the CPU: a row's difference needs its baseline's cells;
+# and so do their curves: the report keeps the recorded curve of a model this machine never trained
+for kept in seeds.csv curves.csv; do cp results/study/"$1.$kept" "$out/record/" 2>/dev/null; done
 timeout --kill-after 20 "$((minutes * 60))" python3 -m fairseq_sparse.tables "$@" --record "$out/record"
 echo "table: exit $?"
 python3 -m fairseq_sparse.tables "$@" --report-only --record "$out/record"

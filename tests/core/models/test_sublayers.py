@@ -1,7 +1,9 @@
 """Every attention function in every sublayer of a real transformer_sparse model.
 
-incremental decoding == full forward, padding does not change a sentence's outputs,
-training runs the sparse function (not a fused dense path), half precision is finite.
+incremental decoding == full forward, padding does not change a sentence's outputs (both with
+layer normalisation after each sublayer, fairseq's default, and before it, as
+``--encoder-normalize-before --decoder-normalize-before`` set it), training runs the sparse
+function (not a fused dense path), half precision is finite.
 """
 
 import dataclasses
@@ -16,6 +18,7 @@ from helpers import build_model, random_batch
 
 SUBLAYERS = ("encoder", "decoder", "cross")
 GRID = [(name, sublayer) for name in NAMES for sublayer in SUBLAYERS if not (sublayer == "cross" and CASES[name].self_only)]
+NORMS = pytest.mark.parametrize("normalize_before", [False, True], ids=["post-norm", "pre-norm"])
 
 
 def model_with(name, sublayer, **kwargs):
@@ -39,9 +42,10 @@ def incremental_forward(model, batch):
     return torch.cat(steps, dim=1), torch.cat(attns, dim=1)
 
 
+@NORMS
 @pytest.mark.parametrize("name,sublayer", GRID)
-def test_incremental_decoding_equals_full_forward(name, sublayer):
-    model = model_with(name, sublayer)
+def test_incremental_decoding_equals_full_forward(name, sublayer, normalize_before):
+    model = model_with(name, sublayer, encoder_normalize_before=normalize_before, decoder_normalize_before=normalize_before)
     batch = random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 6, 6])
     with torch.no_grad():
         full_logits, full_attn = full_forward(model, batch)
@@ -79,9 +83,10 @@ def test_incremental_decoding_survives_beam_reordering(name, sublayer, order):
     assert (torch.cat(steps, dim=1) - expected[:, 2:5]).abs().max() <= 1e-5
 
 
+@NORMS
 @pytest.mark.parametrize("name,sublayer", GRID)
-def test_padding_does_not_change_a_sentence(name, sublayer):
-    model = model_with(name, sublayer)
+def test_padding_does_not_change_a_sentence(name, sublayer, normalize_before):
+    model = model_with(name, sublayer, encoder_normalize_before=normalize_before, decoder_normalize_before=normalize_before)
     batch = random_batch(lengths=[4, 9, 6], tgt_lengths=[3, 7, 5], seed=1)
     with torch.no_grad():
         batched, batched_attn = full_forward(model, batch)

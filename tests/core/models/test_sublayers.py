@@ -21,8 +21,9 @@ GRID = [(name, sublayer) for name in NAMES for sublayer in SUBLAYERS if not (sub
 NORMS = pytest.mark.parametrize("normalize_before", [False, True], ids=["post-norm", "pre-norm"])
 
 
-def model_with(name, sublayer, **kwargs):
-    model = build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, **kwargs)
+def model_with(name, sublayer, normalize_before=False, **kwargs):
+    model = build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, encoder_normalize_before=normalize_before,
+                        decoder_normalize_before=normalize_before, **kwargs)
     return model.eval()
 
 
@@ -45,7 +46,7 @@ def incremental_forward(model, batch):
 @NORMS
 @pytest.mark.parametrize("name,sublayer", GRID)
 def test_incremental_decoding_equals_full_forward(name, sublayer, normalize_before):
-    model = model_with(name, sublayer, encoder_normalize_before=normalize_before, decoder_normalize_before=normalize_before)
+    model = model_with(name, sublayer, normalize_before)
     batch = random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 6, 6])
     with torch.no_grad():
         full_logits, full_attn = full_forward(model, batch)
@@ -86,7 +87,7 @@ def test_incremental_decoding_survives_beam_reordering(name, sublayer, order):
 @NORMS
 @pytest.mark.parametrize("name,sublayer", GRID)
 def test_padding_does_not_change_a_sentence(name, sublayer, normalize_before):
-    model = model_with(name, sublayer, encoder_normalize_before=normalize_before, decoder_normalize_before=normalize_before)
+    model = model_with(name, sublayer, normalize_before)
     batch = random_batch(lengths=[4, 9, 6], tgt_lengths=[3, 7, 5], seed=1)
     with torch.no_grad():
         batched, batched_attn = full_forward(model, batch)

@@ -13,7 +13,7 @@ import shlex
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 from fairseq_sparse.experiments.command import run_command
 from fairseq_sparse.experiments.completion import completion_marker, done, step_lock, write_atomically
@@ -150,7 +150,11 @@ def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
         if jobs > 1:
             run_side_by_side(queue, jobs, failed, finished)
         else:
-            for i, step in enumerate(queue, 1):
+            pending = list(enumerate(queue, 1))
+            while pending:
+                position, (i, step) = next((p, entry) for p, entry in finishing_first(pending)
+                                           if ready(pending, p, entry[1]))
+                pending.pop(position)
                 if not skipped(step, i, len(queue), failed):
                     run_or_record_failure(step, i, len(queue), failed)
                     finished(step)
@@ -190,6 +194,20 @@ def run_or_record_failure(step: Step, index: int, total: int, failed: set, machi
             failed.add(step.model)
 
 
+def ready(pending: List[tuple], position: int, step: Step, running: Iterable[Step] = ()) -> bool:
+    """Whether nothing that comes before the step in the plan and is not finished is data it reads
+    or a model it needs."""
+    earlier = [s for _, s in pending[:position]] + list(running)
+    return not any(s.kind == "prep" or (s.model and s.model in step.needs and s is not step) for s in earlier)
+
+
+def finishing_first(pending: List[tuple]) -> List[tuple]:
+    """``enumerate(pending)`` with what finishes a trained model (averaging, decoding, analysis)
+    before new trainings: a model that finished (one resumed first, say) is recorded before the next
+    training of hours starts, so a sitting cut short keeps its result."""
+    return sorted(enumerate(pending), key=lambda entry: entry[1][1].kind == "train")
+
+
 SIDE_BY_SIDE = ("train", "average")  # steps that may share the machine; the others measure something
 
 
@@ -205,12 +223,6 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callabl
     machine = SharedMachine(jobs)
     pending = list(enumerate(todo, 1))
     running: Dict[Future, Step] = {}
-
-    def ready(position: int, step: Step) -> bool:
-        # what comes before it in the plan and is not finished: data it reads, or a model it needs
-        earlier = [s for _, s in pending[:position]] + list(running.values())
-        return not any(s.kind == "prep" or (s.model and s.model in step.needs and s is not step) for s in earlier)
-
     pool = ThreadPoolExecutor(jobs)
     try:
         while pending or running:
@@ -221,10 +233,10 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callabl
             started = True
             while started:  # until nothing more can start now
                 started = False
-                for position, (i, step) in enumerate(pending):
+                for position, (i, step) in finishing_first(pending):
                     if skipped(step, i, len(todo), failed):
                         pass
-                    elif not ready(position, step):
+                    elif not ready(pending, position, step, running.values()):
                         continue
                     elif step.kind not in SIDE_BY_SIDE:
                         with machine.alone():

@@ -131,6 +131,25 @@ def test_a_training_cut_short_goes_on_before_new_ones_start(tmp_path):
     assert record(tmp_path, "resumed")[1] <= record(tmp_path, "new")[0]
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_resumed_model_is_averaged_before_the_next_new_training_starts(tmp_path, jobs):
+    """Its averaging (and decoding) would otherwise wait behind trainings of hours that come before it
+    in the plan, and a sitting cut short would lose the result of a model it finished."""
+    from fairseq_sparse.experiments.runner import TableRun, execute_tables
+
+    (tmp_path / "last.pt").write_text("epoch 3")
+    steps = [step(tmp_path, "new1", "train", RECORD.format(sleep=0.5), model("new1")),
+             step(tmp_path, "new2", "train", RECORD.format(sleep=0), model("new2")),
+             step(tmp_path, "resumed", "train", RECORD.format(sleep=0), model("resumed")),
+             step(tmp_path, "avg_resumed", "average", RECORD.format(sleep=0) + "; open(sys.argv[1][:-5] + '.out', 'w')",
+                  model("resumed"), needs=(model("resumed"),))]
+    steps[2].resumes_from = tmp_path / "last.pt"
+    plan = SimpleNamespace(out=tmp_path / "table", table=SimpleNamespace(name="t", profile="smoke"))
+    execute_tables([TableRun(plan, steps)], jobs=jobs)
+    averaged = record(tmp_path, "avg_resumed")
+    assert record(tmp_path, "resumed")[1] <= averaged[0] <= record(tmp_path, "new2")[0]
+
+
 def test_jobs_below_one_is_one_clear_error(capsys):
     with pytest.raises(SystemExit):
         tables.main(["demo", "--jobs", "0", "--dry-run"])

@@ -116,7 +116,8 @@ def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
     as far as the steps' inputs allow, so with ``jobs`` > 1 the next table's trainings use the cores
     that the last trainings of the one before leave idle. A model two tables share (the same training
     command, the same output) trains once, and what reads it in either table waits for it. Trainings
-    cut short by an earlier run go first. Returns each table's failed models, as ``execute`` does."""
+    cut short by an earlier run go first, and what finishes a trained model (``finishing_first``) goes
+    before new trainings. Returns each table's failed models, as ``execute`` does."""
     queue: List[Step] = []
     owners: Dict[Path, List[int]] = {}  # a step's output -> the tables it belongs to
     shared: Dict[Path, tuple] = {}  # a training's output -> the one name its model has in the queue
@@ -213,7 +214,7 @@ SIDE_BY_SIDE = ("train", "average")  # steps that may share the machine; the oth
 
 def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callable[[Step], None] = lambda step: None) -> None:
     """Run up to ``jobs`` trainings (and averagings) at once, each with its share of the cores, in the
-    plan's order as far as their inputs allow; every other step (data preparation, decoding, analysis)
+    plan's order as far as their inputs allow (``finishing_first``); every other step (data preparation, decoding, analysis)
     runs alone while the others are stopped, so what it measures is what a run of one job measures.
 
     Why: a small model does not use two cores well. On 2 cores, two 1-thread trainings of the study's

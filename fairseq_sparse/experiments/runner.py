@@ -214,8 +214,9 @@ SIDE_BY_SIDE = ("train", "average")  # steps that may share the machine; the oth
 
 def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callable[[Step], None] = lambda step: None) -> None:
     """Run up to ``jobs`` trainings (and averagings) at once, each with its share of the cores, in the
-    plan's order as far as their inputs allow (``finishing_first``); every other step (data preparation, decoding, analysis)
-    runs alone while the others are stopped, so what it measures is what a run of one job measures.
+    plan's order as far as their inputs allow (``finishing_first``); every other step (data
+    preparation, decoding, analysis) runs alone while the others are stopped, so what it measures is
+    what a run of one job measures.
 
     Why: a small model does not use two cores well. On 2 cores, two 1-thread trainings of the study's
     128-d model make 1.45x the updates of one 2-thread training. Training time itself (the

@@ -265,22 +265,60 @@ def lab(bible, tmp_path_factory) -> Lab:
     return Lab(bible, tmp_path_factory.mktemp("fairseq-features"))
 
 
-def model_log_probs(model, source: Sequence[str], hypothesis: Sequence[str]) -> torch.Tensor:
+# Another score this close to a top-k threshold (relative) makes the selection depend on float32
+# rounding: the search computes the same scores in other batch shapes, whose products round about 1e-7
+# apart, and may keep the other key.
+NEAR_TIE = 1e-5
+
+
+@contextlib.contextmanager
+def top_k_near_ties():
+    """Yield a list that gets, for every top-k selection run meanwhile, whether a score other than the
+    k-th largest lay within NEAR_TIE of it in some row."""
+    from fairseq_sparse.core.attention import functions
+
+    exact = functions.kth_largest
+    seen: List[bool] = []
+
+    def recording(masked, k, key_counts=None, **options):
+        kth = exact(masked, k, key_counts, **options)
+        close = torch.isfinite(masked) & ((masked - kth).abs() <= NEAR_TIE * kth.abs().clamp(min=1.0))
+        seen.append(bool(close.sum(dim=-1).gt(1).any()))
+        return kth
+
+    functions.kth_largest = recording
+    try:
+        yield seen
+    finally:
+        functions.kth_largest = exact
+
+
+def model_log_probs(model, source: Sequence[str], hypothesis: Sequence[str],
+                    near_ties: Optional[List[bool]] = None) -> torch.Tensor:
     """(len(hypothesis) + 1, V): the model's log-probabilities in base 2 at each hypothesis position and
     its final eos, the model decoding this one hypothesis step by step (teacher-forced, no search).
+    ``near_ties``, if given, gets for each position whether a top-k selection of its step (or of the
+    encoder) had a near-tie (``top_k_near_ties``).
 
     Incremental, as the search computes them: a hard selection (top-k, argmax) of a model trained for
     three updates has near-ties (a k-th and (k+1)-th score 1e-7 apart), which the full pass, rounding
     otherwise in float32, can break the other way (0.036 on one top-k token; in float64 both passes agree
-    to 1e-7). That incremental decoding equals the full pass is tests/core/models/test_sublayers.py's check."""
+    to 1e-7). The search's batch shapes round otherwise too, so such a position can still differ (0.036
+    on one top-k token on a CPU with AMX). That incremental decoding equals the full pass is
+    tests/core/models/test_sublayers.py's check."""
     dictionary = model.decoder.dictionary
     source_ids = [model.encoder.dictionary.index(t) for t in source] + [dictionary.eos()]
     previous = torch.tensor([[dictionary.eos()] + [dictionary.index(t) for t in hypothesis]])
     state: Dict[str, Dict[str, Optional[torch.Tensor]]] = {}
-    with torch.no_grad():
+    steps = []
+    with torch.no_grad(), top_k_near_ties() as seen:
         encoder_out = model.encoder(torch.tensor([source_ids]), src_lengths=torch.tensor([len(source_ids)]))
-        steps = [model.decoder(previous[:, :end], encoder_out=encoder_out, incremental_state=state)
-                 for end in range(1, previous.size(1) + 1)]
+        encoder_tied = any(seen)
+        for end in range(1, previous.size(1) + 1):
+            seen.clear()
+            steps.append(model.decoder(previous[:, :end], encoder_out=encoder_out, incremental_state=state))
+            if near_ties is not None:
+                near_ties.append(encoder_tied or any(seen))
         logits = torch.cat([out[0][:, -1:] for out in steps], dim=1)
         return model.get_normalized_probs((logits, None), log_probs=True)[0] / math.log(2)
 
@@ -297,7 +335,14 @@ def scores_by_the_model(model, sentence: Sentence, hypothesis: Hypothesis) -> Li
 
 
 def assert_scored_by_the_model(model, sentence: Sentence, hypothesis: Hypothesis):
-    assert hypothesis.positional_scores == pytest.approx(scores_by_the_model(model, sentence, hypothesis), abs=ATOL)
+    """The search's score of every position is the model's, but where a top-k selection of that step
+    had a near-tie (the search may round it the other way); at most a quarter of them may have one."""
+    near_ties: List[bool] = []
+    lprobs = model_log_probs(model, sentence.source, hypothesis.tokens, near_ties)
+    by_model = lprobs.gather(1, token_ids(model, hypothesis)[:, None])[:, 0].tolist()
+    assert sum(near_ties) <= len(near_ties) / 4
+    compared = [(given, own) for given, own, tied in zip(hypothesis.positional_scores, by_model, near_ties) if not tied]
+    assert [given for given, _ in compared] == pytest.approx([own for _, own in compared], abs=ATOL)
 
 
 def bigrams(tokens: Sequence[str]) -> List[Tuple[str, str]]:

@@ -303,9 +303,9 @@ def model_log_probs(model, source: Sequence[str], hypothesis: Sequence[str],
     Incremental, as the search computes them: a hard selection (top-k, argmax) of a model trained for
     three updates has near-ties (a k-th and (k+1)-th score 1e-7 apart), which the full pass, rounding
     otherwise in float32, can break the other way (0.036 on one top-k token; in float64 both passes agree
-    to 1e-7). The search's batch shapes round otherwise too, so such a position can still differ (0.036
-    on one top-k token on a CPU with AMX). That incremental decoding equals the full pass is
-    tests/core/models/test_sublayers.py's check."""
+    to 1e-7). The search's batch shapes round otherwise too, so such a position can still differ from it
+    (on a CPU with AMX, by 0.036 on one top-k token): ``near_ties`` marks them. That incremental decoding
+    equals the full pass is tests/core/models/test_sublayers.py's check."""
     dictionary = model.decoder.dictionary
     source_ids = [model.encoder.dictionary.index(t) for t in source] + [dictionary.eos()]
     previous = torch.tensor([[dictionary.eos()] + [dictionary.index(t) for t in hypothesis]])
@@ -328,9 +328,11 @@ def token_ids(model, hypothesis: Hypothesis) -> torch.Tensor:
     return torch.tensor([dictionary.index(t) for t in hypothesis.tokens] + [dictionary.eos()])
 
 
-def scores_by_the_model(model, sentence: Sentence, hypothesis: Hypothesis) -> List[float]:
-    """What the model itself gives each token of the hypothesis and its eos (base 2)."""
-    lprobs = model_log_probs(model, sentence.source, hypothesis.tokens)
+def scores_by_the_model(model, sentence: Sentence, hypothesis: Hypothesis,
+                        near_ties: Optional[List[bool]] = None) -> List[float]:
+    """What the model itself gives each token of the hypothesis and its eos (base 2); ``near_ties`` as
+    ``model_log_probs``'s."""
+    lprobs = model_log_probs(model, sentence.source, hypothesis.tokens, near_ties)
     return lprobs.gather(1, token_ids(model, hypothesis)[:, None])[:, 0].tolist()
 
 
@@ -338,8 +340,7 @@ def assert_scored_by_the_model(model, sentence: Sentence, hypothesis: Hypothesis
     """The search's score of every position is the model's, but where a top-k selection of that step
     had a near-tie (the search may round it the other way); at most a quarter of them may have one."""
     near_ties: List[bool] = []
-    lprobs = model_log_probs(model, sentence.source, hypothesis.tokens, near_ties)
-    by_model = lprobs.gather(1, token_ids(model, hypothesis)[:, None])[:, 0].tolist()
+    by_model = scores_by_the_model(model, sentence, hypothesis, near_ties)
     assert sum(near_ties) <= len(near_ties) / 4
     compared = [(given, own) for given, own, tied in zip(hypothesis.positional_scores, by_model, near_ties) if not tied]
     assert [given for given, _ in compared] == pytest.approx([own for _, own in compared], abs=ATOL)

@@ -1,0 +1,52 @@
+"""The gap of a method to softmax read where softmax reached the same loss (results/study's batch comparison)."""
+
+import csv
+
+import pytest
+
+from fairseq_sparse.experiments.loss_gaps import gap_at_softmax_loss, main
+
+SOFTMAX = {1: 6.0, 2: 5.0, 3: 4.0}
+METHOD = {1: 7.0, 2: 5.5, 3: 4.3}  # gaps 1.0, 0.5, 0.3
+
+
+def test_the_gap_is_read_linearly_between_the_epochs_around_the_loss():
+    assert gap_at_softmax_loss(SOFTMAX, METHOD, 4.5) == pytest.approx(0.4)
+    assert gap_at_softmax_loss(SOFTMAX, METHOD, 5.0) == pytest.approx(0.5)
+    assert gap_at_softmax_loss(SOFTMAX, METHOD, 6.0) == pytest.approx(1.0)
+
+
+def test_a_loss_the_curve_never_spans_or_spans_only_across_a_missing_epoch_has_no_gap():
+    assert gap_at_softmax_loss(SOFTMAX, METHOD, 3.9) is None and gap_at_softmax_loss(SOFTMAX, METHOD, 6.1) is None
+    assert gap_at_softmax_loss({1: 6.0, 3: 4.0}, METHOD, 5.0) is None
+
+
+def write_curves(path, curves):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["dataset", "row", "seed", "model", "epoch", "valid_loss", "train_loss"])
+        writer.writeheader()
+        for (row, seed), curve in curves.items():
+            writer.writerows({"dataset": "d", "row": row, "seed": seed, "model": f"{row}-x", "epoch": e,
+                              "valid_loss": loss, "train_loss": ""} for e, loss in curve.items())
+
+
+def test_each_epoch_of_a_pair_is_set_beside_a_slower_pair_at_the_same_softmax_loss(tmp_path, capsys):
+    # the slower pair learns at half the speed per epoch with the same gap per softmax loss
+    slow_softmax = {1: 7.0, 2: 6.0, 3: 5.5, 4: 5.0, 5: 4.5, 6: 4.0}
+    slow_method = {e: loss + gap_at_softmax_loss(SOFTMAX, METHOD, loss) for e, loss in slow_softmax.items() if e > 1}
+    write_curves(tmp_path / "fast.csv", {("softmax", "1"): SOFTMAX, ("hard", "1"): METHOD})
+    write_curves(tmp_path / "slow.csv", {("softmax", "1"): slow_softmax, ("hard", "1"): slow_method})
+    table = main(["--pair", str(tmp_path / "slow.csv"), "softmax", "hard", "1",
+                  "--against", str(tmp_path / "fast.csv"), "softmax", "hard", "1"])
+    assert [epoch for epoch, *_ in table] == [2, 3, 4, 5, 6]
+    for epoch, loss, gap, (theirs,) in table:
+        assert theirs == pytest.approx(gap)
+    assert "+0.000" in capsys.readouterr().out
+
+
+def test_a_missing_file_or_curve_is_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="no such curves file"):
+        main(["--pair", str(tmp_path / "none.csv"), "softmax", "hard", "1", "--against", str(tmp_path / "none.csv"), "a", "b", "1"])
+    write_curves(tmp_path / "c.csv", {("softmax", "1"): SOFTMAX})
+    with pytest.raises(SystemExit, match="no curve for row 'hard', seed 1"):
+        main(["--pair", str(tmp_path / "c.csv"), "softmax", "hard", "1", "--against", str(tmp_path / "c.csv"), "softmax", "hard", "1"])

@@ -21,16 +21,22 @@ from typing import Dict, List, Optional, Sequence, Tuple
 Curve = Dict[int, float]  # epoch -> validation loss (base 2)
 
 
-def read_curve(path: Path, row: str, seed: str) -> Curve:
-    """One model's validation loss per epoch from a curves CSV (its row and seed)."""
+def read_pair(path: Path, softmax_row: str, method_row: str, seed: str) -> Tuple[Curve, Curve]:
+    """Softmax's and the method's validation loss per epoch from a curves CSV (one seed of each)."""
     if not path.is_file():
         sys.exit(f"loss_gaps: error: no such curves file: {path}")
+    curves: Dict[str, Curve] = {softmax_row: {}, method_row: {}}
     with open(path, encoding="utf-8", newline="") as f:
-        curve = {int(r["epoch"]): float(r["valid_loss"]) for r in csv.DictReader(f)
-                 if r["row"] == row and r["seed"] == seed and r["valid_loss"]}
-    if not curve:
-        sys.exit(f"loss_gaps: error: {path} has no curve for row {row!r}, seed {seed}")
-    return curve
+        for r in csv.DictReader(f):
+            if r["row"] in curves and r["seed"] == seed and r["valid_loss"]:
+                if int(r["epoch"]) in curves[r["row"]]:
+                    sys.exit(f"loss_gaps: error: {path} has two curves for row {r['row']!r}, seed {seed} "
+                             "(a table of several datasets?)")
+                curves[r["row"]][int(r["epoch"])] = float(r["valid_loss"])
+    for row, curve in curves.items():
+        if not curve:
+            sys.exit(f"loss_gaps: error: {path} has no curve for row {row!r}, seed {seed}")
+    return curves[softmax_row], curves[method_row]
 
 
 def gaps(softmax: Curve, method: Curve) -> List[Tuple[int, float, float]]:
@@ -61,9 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Tuple[int, float, float, List[Optional[float]]]]:
     args = build_parser().parse_args(argv)
-    softmax, method = (read_curve(Path(args.pair[0]), row, args.pair[3]) for row in args.pair[1:3])
-    references = [tuple(read_curve(Path(path), row, seed) for row in (soft_row, method_row))
-                  for path, soft_row, method_row, seed in args.against]
+    softmax, method = read_pair(Path(args.pair[0]), *args.pair[1:])
+    references = [read_pair(Path(path), *rows_and_seed) for path, *rows_and_seed in args.against]
     print("epoch  softmax  gap     | " + "  ".join(f"ref{i + 1}" for i in range(len(references)))
           + "  | gap minus the references' mean")
     table = []

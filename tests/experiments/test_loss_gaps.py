@@ -44,9 +44,13 @@ def test_each_epoch_of_a_pair_is_set_beside_a_slower_pair_at_the_same_softmax_lo
     assert "+0.000" in capsys.readouterr().out
 
 
-def test_a_missing_file_or_curve_is_one_line(tmp_path):
+def test_a_missing_file_or_curve_or_an_ambiguous_one_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="no such curves file"):
         main(["--pair", str(tmp_path / "none.csv"), "softmax", "hard", "1", "--against", str(tmp_path / "none.csv"), "a", "b", "1"])
     write_curves(tmp_path / "c.csv", {("softmax", "1"): SOFTMAX})
     with pytest.raises(SystemExit, match="no curve for row 'hard', seed 1"):
+        main(["--pair", str(tmp_path / "c.csv"), "softmax", "hard", "1", "--against", str(tmp_path / "c.csv"), "softmax", "hard", "1"])
+    with open(tmp_path / "c.csv", "a") as f:  # the same row and seed on a second dataset
+        f.write("e,softmax,1,softmax-y,1,6.5,\n")
+    with pytest.raises(SystemExit, match="two curves for row 'softmax', seed 1"):
         main(["--pair", str(tmp_path / "c.csv"), "softmax", "hard", "1", "--against", str(tmp_path / "c.csv"), "softmax", "hard", "1"])

@@ -16,8 +16,8 @@
 #                                        # they need (what fits in one sitting: ~2 h a model alone);
 #                                        # of several tables, each one's rows among those named
 #   MALLOC=system bash scripts/study.sh  # glibc's malloc even where tcmalloc is installed (see below)
-#   JOBS=1 bash scripts/study.sh         # one training at a time (default 2: two trainings side by side,
-#                                        # the cores split between them; decodes still run alone)
+#   JOBS=1 bash scripts/study.sh         # one command at a time (default 2: two side by side, the cores
+#                                        # split between them; a decode timed for a speed column runs alone)
 # Every finished cell (each seed's value, with the identity of the commands that measured it) is kept in
 # results/study/NAME.seeds.csv, and each table's Markdown, CSV and plots are copied to results/study/ after
 # every finished step (committed; runs/ is not). A sitting on a machine without the last one's runs/

@@ -56,10 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "each finished step; cells recorded from the same commands are read from there and their "
                         "commands not run again (a study over sittings on machines that do not keep runs/)")
     p.add_argument("--jobs", type=int, default=1,
-                   help="train this many models at once, the cores and the visible GPUs split between them "
-                        "(OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES); decoding and analysis still run alone (the others "
-                        "stopped meanwhile) so their speeds are an idle machine's. Training times are then those "
-                        "of a shared machine (default: %(default)s)")
+                   help="run this many commands at once (trainings, decodes, analyses), the cores and the visible "
+                        "GPUs split between them (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES); a decode whose time a "
+                        "column reads (decode speed, decode time) runs alone, the others stopped meanwhile, so its "
+                        "speed is an idle machine's. Training times are then those of a shared machine "
+                        "(default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="build and parse every command, run nothing")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing; write the report from the commands that have finished (cells count the seeds that did)")

@@ -42,6 +42,7 @@ class Measure:
     digits: int = 2
     signed: bool = False  # printed with its sign (a difference)
     timed: bool = False  # read from the training's clock: a run beside others (--jobs) changes it
+    clocks_command: bool = False  # read from the running time of the command it reads: --jobs runs that one alone
     # relative measures only: the value from the row's own number and the baseline's (``value`` gives one
     # row's number); None: ``value`` compares the two itself, from commands that read both models
     combine: Optional[Callable[[float, float], float]] = None
@@ -55,13 +56,13 @@ MEASURES: Dict[str, Measure] = {}
 
 
 def register(name: str, source: str, relative: bool = False, digits: int = 2, signed: bool = False, timed: bool = False,
-             combine: Optional[Callable[[float, float], float]] = None):
+             combine: Optional[Callable[[float, float], float]] = None, clocks_command: bool = False):
     """Decorator: register ``fn`` as the measure ``name``."""
     if source not in SOURCES:
         raise ValueError(f"measure {name}: source must be one of {SOURCES}, got {source!r}")
 
     def add(fn: Value) -> Value:
-        MEASURES[name] = Measure(name, source, fn, relative, digits, signed, timed, combine)
+        MEASURES[name] = Measure(name, source, fn, relative, digits, signed, timed, clocks_command, combine)
         return fn
 
     return add
@@ -84,7 +85,7 @@ def bleu_score(plan, ds, row, col, seed, signatures):
     return value
 
 
-@register("decode_time", "decode", digits=1)
+@register("decode_time", "decode", digits=1, clocks_command=True)
 def decode_time(plan, ds, row, col, seed, signatures):
     return decode_seconds(_generated(plan, ds, row, col, seed))
 
@@ -97,13 +98,13 @@ def _speed_ratio(plan: "Plan", ds, row, col, seed: int, field: str) -> float:
     return medians[row.id] / max(medians[col.baseline], 1e-9)
 
 
-@register("decode_speedup", "speed", relative=True)
+@register("decode_speedup", "speed", relative=True, clocks_command=True)
 def decode_speedup(plan, ds, row, col, seed, signatures):
     """The baseline row's decoding seconds over this row's (> 1: faster)."""
     return 1.0 / max(_speed_ratio(plan, ds, row, col, seed, "seconds"), 1e-9)
 
 
-@register("decode_token_speedup", "speed", relative=True)
+@register("decode_token_speedup", "speed", relative=True, clocks_command=True)
 def decode_token_speedup(plan, ds, row, col, seed, signatures):
     """Generated tokens/s over the baseline row's: fair when the models' outputs differ in length."""
     return _speed_ratio(plan, ds, row, col, seed, "tokens_per_second")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from fairseq_sparse.experiments.arguments import merge_args
 from fairseq_sparse.experiments.errors import ConfigError
@@ -32,6 +32,7 @@ class Step:
     model: Optional[Tuple[str, str, int]] = None  # (dataset, row, seed) this step trains
     needs: Tuple[Tuple[str, str, int], ...] = ()  # models whose checkpoints it reads
     resumes_from: Optional[Path] = None  # what a run cut short leaves to go on from (a training's checkpoint_last.pt)
+    runs_alone: bool = False  # its running time is a result (a decode's speed): --jobs stops the others meanwhile
 
 
 def tool(name: str) -> List[str]:
@@ -229,27 +230,29 @@ class Plan:
 
     def measure_steps(self, ds: Dataset, row: Row, col: Column, seed: int) -> List[Step]:
         """The commands whose output the column reads (none for numbers from the training log)."""
-        source = MEASURES[col.measure].source
-        if source == "l0drop":  # a model without gates or a pattern prunes nothing: no command
-            return [self.l0drop_pruned_step(ds, row, col, seed)] if self.prunes(ds, row) else []
-        if source == "attention":
-            return [self.attention_step(ds, row, col, seed)]
-        if source == "speed":  # the baseline's speed relative to itself is 1 by definition: no command
-            return [] if row.id == col.baseline else [self.speed_step(ds, row, col, seed)]
-        if source == "decode":
-            rows = [row] + ([self.table.row(col.baseline)] if MEASURES[col.measure].reads_baseline_model() else [])
-            return [self.generate_step(ds, r, col, seed) for r in rows]
-        return []
+        measure = MEASURES[col.measure]
+        steps = []
+        if measure.source == "l0drop" and self.prunes(ds, row):  # a model without gates or a pattern prunes nothing
+            steps = [self.l0drop_pruned_step(ds, row, col, seed)]
+        elif measure.source == "attention":
+            steps = [self.attention_step(ds, row, col, seed)]
+        elif measure.source == "speed" and row.id != col.baseline:  # the baseline against itself is 1 by definition
+            steps = [self.speed_step(ds, row, col, seed)]
+        elif measure.source == "decode":
+            rows = [row] + ([self.table.row(col.baseline)] if measure.reads_baseline_model() else [])
+            steps = [self.generate_step(ds, r, col, seed) for r in rows]
+        return [replace(step, runs_alone=measure.clocks_command) for step in steps]
 
     def steps(self, every_seed: bool = False) -> List[Step]:
         """All commands of the seeds to run (of every seed the table reports with ``every_seed``: what
         commands.sh lists), in order, each once (a decode shared by two columns runs once)."""
         steps: List[Step] = []
-        seen = set()
+        seen: Dict[Path, Step] = {}
 
         def add(step: Step):
-            if step.output not in seen:
-                seen.add(step.output)
+            kept = seen.setdefault(step.output, step)  # a decode that two columns read, alone if either times it
+            kept.runs_alone |= step.runs_alone
+            if kept is step:
                 steps.append(step)
 
         used = [ds for ds in self.table.datasets.values() if any(c.dataset == ds.id for c in self.table.columns)]

@@ -209,18 +209,17 @@ def finishing_first(pending: List[tuple]) -> List[tuple]:
     return sorted(enumerate(pending), key=lambda entry: entry[1][1].kind == "train")
 
 
-SIDE_BY_SIDE = ("train", "average")  # steps that may share the machine; the others measure something
-
-
 def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callable[[Step], None] = lambda step: None) -> None:
-    """Run up to ``jobs`` trainings (and averagings) at once, each with its share of the cores, in the
-    plan's order as far as their inputs allow (``finishing_first``); every other step (data
-    preparation, decoding, analysis) runs alone while the others are stopped, so what it measures is
-    what a run of one job measures.
+    """Run up to ``jobs`` steps at once, each with its share of the cores and GPUs, in the plan's
+    order as far as their inputs allow (``finishing_first``); a step whose running time is a result
+    (``Step.runs_alone``: decode speeds, a decode-time column) runs alone while the others are
+    stopped, so what it measures is what a run of one job measures.
 
     Why: a small model does not use two cores well. On 2 cores, two 1-thread trainings of the study's
-    128-d model make 1.45x the updates of one 2-thread training. Training time itself (the
-    ``train_minutes`` and ``train_speedup`` columns) is then that of a shared machine.
+    128-d model make 1.45x the updates of one 2-thread training. A decode for BLEU, an analysis or a
+    data preparation measures nothing a shared machine changes, so it takes a slot like a training
+    (on a lent GPU each half-minute decode used to stop three trainings). Training time itself (the ``train_minutes`` and ``train_speedup`` columns) is then that of a
+    shared machine.
     """
     machine = SharedMachine(jobs)
     pending = list(enumerate(todo, 1))
@@ -240,7 +239,7 @@ def run_side_by_side(todo: List[Step], jobs: int, failed: set, finished: Callabl
                         pass
                     elif not ready(pending, position, step, running.values()):
                         continue
-                    elif step.kind not in SIDE_BY_SIDE:
+                    elif step.runs_alone:
                         with machine.alone():
                             run_or_record_failure(step, i, len(todo), failed)
                         finished(step)

@@ -1,4 +1,4 @@
-"""The table runner's --jobs: trainings side by side, everything that measures alone, plan order kept."""
+"""The table runner's --jobs: commands side by side, a timed decode alone, plan order kept."""
 
 import json
 import os
@@ -21,10 +21,10 @@ RECORD = ("import json, os, sys, time; t = time.time(); time.sleep({sleep}); ope
           "[t, time.time(), os.environ.get('OMP_NUM_THREADS'), os.environ.get('CUDA_VISIBLE_DEVICES')]))")
 
 
-def step(tmp: Path, name: str, kind: str, code: str, model=None, needs=()) -> Step:
+def step(tmp: Path, name: str, kind: str, code: str, model=None, needs=(), runs_alone=False) -> Step:
     output = tmp / (f"{name}.done" if kind == "train" else f"{name}.out")
     return Step(kind, [sys.executable, "-c", code, str(tmp / f"{name}.json")], output, tmp / f"{name}.log", name,
-                model=model, needs=needs)
+                model=model, needs=needs, runs_alone=runs_alone)
 
 
 def record(tmp: Path, name: str):
@@ -53,7 +53,9 @@ def test_two_trainings_share_the_cores_and_what_needs_a_model_waits_for_it(tmp_p
     assert trained_side_by_side(tmp_path / "a.log") and not trained_side_by_side(tmp_path / "avg_a.log")
 
 
-def test_a_measured_step_runs_alone_while_the_trainings_are_stopped(tmp_path, monkeypatch):
+@pytest.mark.parametrize("timed", [True, False])
+def test_a_timed_decode_runs_alone_while_the_others_are_stopped_and_an_untimed_one_beside_them(tmp_path, monkeypatch,
+                                                                                                timed):
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the user's settings: what a step that runs alone keeps
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     counter = tmp_path / "count"
@@ -66,12 +68,16 @@ def test_a_measured_step_runs_alone_while_the_trainings_are_stopped(tmp_path, mo
                "open(sys.argv[1], 'w').write(out); open(sys.argv[1][:-5] + '.out', 'w').write(out)")
     steps = [step(tmp_path, "counting", "train", counting, model("c")),
              step(tmp_path, "short", "train", RECORD.format(sleep=0.3), model("s")),
-             step(tmp_path, "decode", "generate", reading, needs=(model("s"),))]
+             step(tmp_path, "decode", "generate", reading, needs=(model("s"),), runs_alone=timed)]
     run_side_by_side(steps, 2, set())
     before, after, threads, gpus = record(tmp_path, "decode")
-    assert before == after, "the training went on while the decode was being measured"
     assert int(counter.read_text()) == 59, "the stopped training was not resumed"
-    assert (threads, gpus) == ("7", "0,1"), "the decode did not run with the user's threads and GPUs"
+    if timed:
+        assert before == after, "the training went on while the decode was being measured"
+        assert (threads, gpus) == ("7", "0,1"), "the decode did not run with the user's threads and GPUs"
+    else:
+        assert int(after) > int(before), "the training was stopped for a decode whose time nothing reads"
+        assert threads == str(max(1, len(os.sched_getaffinity(0)) // 2)) and gpus in ("0", "1"), "not a job's share"
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
@@ -186,7 +192,8 @@ def sleeper(name, seconds, after=None):
 # the short training ends once the long one has started, then the decode stops the long one
 steps = [Step("train", sleeper("long", 120), tmp / "long.done", tmp / "long.log", "long", model=("d", "long", 1)),
          Step("train", sleeper("short", 0, after="long"), tmp / "short.done", tmp / "short.log", "short", model=("d", "short", 1)),
-         Step("generate", sleeper("decode", 120), tmp / "decode.out", tmp / "decode.log", "decode", needs=(("d", "short", 1),))]
+         Step("generate", sleeper("decode", 120), tmp / "decode.out", tmp / "decode.log", "decode", needs=(("d", "short", 1),),
+              runs_alone=True)]
 execute(SimpleNamespace(out=tmp / "table", table=SimpleNamespace(name="t", profile="smoke")), steps, jobs)
 """
 
@@ -209,7 +216,7 @@ def wait_for(condition, seconds: float) -> bool:
 
 @pytest.mark.parametrize("jobs, waits_for", [(1, ["long"]), (2, ["long", "decode"])])
 def test_killing_the_runner_ends_every_command_it_started(tmp_path, jobs, waits_for):
-    # with --jobs 2 it is killed while the decode runs alone and the long training is stopped (SIGSTOP)
+    # with --jobs 2 it is killed while a timed decode runs alone and the long training is stopped (SIGSTOP)
     runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path), str(jobs)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -163,6 +163,28 @@ def test_a_speed_column_times_the_row_and_its_baseline_in_one_run(configs, tmp_p
         assert elsewhere.speed_step(ds, table.row("b"), col, 1).argv != step.argv
 
 
+def test_only_a_command_whose_running_time_a_column_reads_runs_alone(configs, tmp_path):
+    """--jobs stops the others for a timed decode only: a decode for BLEU, an analysis and the data
+    preparation share the machine, and a decode read for BLEU and for its time is timed."""
+    def plan_of(columns: str):
+        body = GOOD.replace("columns: [{id: bleu, label: BLEU, dataset: iwslt14_de_en, measure: bleu}]", columns)
+        return tables.Plan(load_table(write_table(configs, body), "paper", configs), tmp_path, tmp_path / "data", None)
+
+    def alone(plan):
+        return {step.kind for step in plan.steps() if step.runs_alone}
+
+    bleu = "{id: bleu, label: BLEU, dataset: iwslt14_de_en, measure: bleu}"
+    zeros = "{id: z, label: Z, dataset: iwslt14_de_en, measure: zero_weights}"
+    clock = "{id: s, label: S, dataset: iwslt14_de_en, measure: decode_time}"
+    speed = "{id: r, label: R, dataset: iwslt14_de_en, measure: decode_speedup, baseline: a}"
+    assert alone(plan_of(f"columns: [{bleu}, {zeros}]")) == set()
+    for columns in (f"[{bleu}, {clock}]", f"[{clock}, {bleu}]"):  # one decode, whichever column comes first
+        plan = plan_of(f"columns: {columns}")
+        decodes = [step for step in plan.steps() if step.kind == "generate"]
+        assert len(decodes) == 2 and all(step.runs_alone for step in decodes)
+    assert alone(plan_of(f"columns: [{bleu}, {speed}]")) == {"speed"}
+
+
 def test_a_first_seeds_column_runs_and_waits_for_the_first_seeds_only(configs, tmp_path):
     """Decode speed on the first seed's models only: a later seed's row then needs no baseline model."""
     from fairseq_sparse.experiments.record import steps_to_run

@@ -12,11 +12,12 @@ validation loss, linear between that pair's epochs. Curves are a table's ``NAME.
 """
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 from statistics import mean
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from fairseq_sparse.experiments.record import read_curves
 
 Curve = Dict[int, float]  # epoch -> validation loss (base 2)
 
@@ -26,13 +27,12 @@ def read_pair(path: Path, softmax_row: str, method_row: str, seed: str) -> Tuple
     if not path.is_file():
         sys.exit(f"loss_gaps: error: no such curves file: {path}")
     curves: Dict[str, Curve] = {softmax_row: {}, method_row: {}}
-    with open(path, encoding="utf-8", newline="") as f:
-        for r in csv.DictReader(f):
-            if r["row"] in curves and r["seed"] == seed and r["valid_loss"]:
-                if int(r["epoch"]) in curves[r["row"]]:
-                    sys.exit(f"loss_gaps: error: {path} has two curves for row {r['row']!r}, seed {seed} "
-                             "(a table of several datasets?)")
-                curves[r["row"]][int(r["epoch"])] = float(r["valid_loss"])
+    for line in read_curves(path):
+        if line["row"] in curves and str(line["seed"]) == seed:
+            if line["epoch"] in curves[line["row"]]:
+                sys.exit(f"loss_gaps: error: {path} has two curves for row {line['row']!r}, seed {seed} "
+                         "(a table of several datasets?)")
+            curves[line["row"]][line["epoch"]] = line["valid_loss"]
     for row, curve in curves.items():
         if not curve:
             sys.exit(f"loss_gaps: error: {path} has no curve for row {row!r}, seed {seed}")

@@ -129,14 +129,19 @@ class Record:
         return any((self.directory / "heatmap").glob("*.png"))
 
     def curves(self) -> List[dict]:
-        """The recorded loss curves: lines of ``NAME.curves.csv`` (dataset, row, seed, model, epoch,
-        valid_loss, train_loss: None where the file predates it or the log had none)."""
-        if not self.curves_path.is_file():
-            return []
-        with open(self.curves_path, encoding="utf-8") as f:
-            return [dict(line, seed=int(line["seed"]), epoch=int(line["epoch"]), valid_loss=float(line["valid_loss"]),
-                         train_loss=float(line["train_loss"]) if line.get("train_loss") else None)
-                    for line in csv.DictReader(f) if line.get("model")]
+        """The recorded loss curves (``read_curves`` of ``NAME.curves.csv``)."""
+        return read_curves(self.curves_path)
+
+
+def read_curves(path: Path) -> List[dict]:
+    """The lines of a table's ``NAME.curves.csv`` (dataset, row, seed, model, epoch, valid_loss,
+    train_loss: None where the file predates it or the log had none); none without the file."""
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [dict(line, seed=int(line["seed"]), epoch=int(line["epoch"]), valid_loss=float(line["valid_loss"]),
+                     train_loss=float(line["train_loss"]) if line.get("train_loss") else None)
+                for line in csv.DictReader(f) if line.get("model")]
 
 
 def fill_from_curves(plan: "Plan", record: Record) -> int:

@@ -1,5 +1,4 @@
-"""Every relative link of the README, of docs/ and of the results' READMEs leads to a file (and heading)
-that exists."""
+"""Every relative link of the README, of docs/ and of results/ leads to a file (and heading) that exists."""
 
 import re
 from pathlib import Path
@@ -7,7 +6,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("*/README.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").rglob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 

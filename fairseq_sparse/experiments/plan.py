@@ -15,6 +15,12 @@ from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.schema import Column, Dataset, Row, Table
 from fairseq_sparse.core.models.options import SparseModelOptions
 
+
+def heatmap_folder(table: str) -> Path:
+    """A table's attention heatmaps, relative to its output folder and to a record's folder alike: a
+    record's folder keeps several tables, each with its own heatmaps."""
+    return Path("heatmap") / table
+
 BIN = Path(sys.executable).parent
 USER_DIR = str(Path(__file__).resolve().parent.parent)  # the installed package: fairseq-train --user-dir
 
@@ -277,17 +283,28 @@ class Plan:
                     waiting = [s for s in waiting if not set(s.needs) <= trained]
                 for step in waiting:
                     add(step)
-        if self.table.heatmap:
+        if self.draws_heatmap(every_seed):
             add(self.heatmap_step())
         return steps
 
+    def heatmap_seed(self) -> int:
+        """The seed whose models the heatmap draws: the table's first, whichever seeds a sitting runs."""
+        return self.seeds(self.table.datasets[self.table.heatmap["dataset"]])[0]
+
+    def draws_heatmap(self, every_seed: bool = False) -> bool:
+        """Whether the table has a heatmap and this sitting (or, ``every_seed``, the whole table) runs its seed."""
+        if not self.table.heatmap:
+            return False
+        ds = self.table.datasets[self.table.heatmap["dataset"]]
+        return every_seed or self.heatmap_seed() in self.seeds_to_run(ds)
+
     def heatmap_step(self) -> Step:
-        """Attention of chosen sentences, the given rows' models side by side (first seed)."""
+        """Attention of chosen sentences, the given rows' models side by side (``heatmap_seed``)."""
         spec = self.table.heatmap
         ds = self.table.datasets[spec["dataset"]]
         rows = [self.table.row(r) for r in spec["rows"]]
-        seed = self.seeds_to_run(ds)[0]
-        out = self.out / "heatmap"
+        seed = self.heatmap_seed()
+        out = self.out / heatmap_folder(self.table.name)
         argv = [sys.executable, "-m", "fairseq_sparse.analysis", "heatmap", str(self.data_dir(ds) / "bin"),
                 "--path", *[str(self.checkpoint(ds, r, seed)) for r in rows], "--labels", *[r.label for r in rows],
                 "--split", spec.get("split", "test"), "--sentences", *[str(s) for s in spec.get("sentences", [0])],

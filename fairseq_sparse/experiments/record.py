@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
 from fairseq_sparse.experiments.measures import EPOCH_MEASURES, MEASURES, validates_epoch
+from fairseq_sparse.experiments.plan import heatmap_folder
 
 if TYPE_CHECKING:
     from fairseq_sparse.experiments.plan import Plan, Step
@@ -91,6 +92,7 @@ class Record:
         self.directory = directory
         self.path = directory / f"{table}.seeds.csv"
         self.curves_path = directory / f"{table}.curves.csv"
+        self.heatmap_dir = directory / heatmap_folder(table)
         self.cells: Dict[Cell, Recorded] = {}
         if self.path.is_file():
             with open(self.path, encoding="utf-8") as f:
@@ -126,7 +128,7 @@ class Record:
 
     def has_heatmap(self) -> bool:
         """Whether the folder keeps the table's attention heatmaps (not drawn again: delete them to redraw)."""
-        return any((self.directory / "heatmap").glob("*.png"))
+        return any(self.heatmap_dir.glob("*.png"))
 
     def curves(self) -> List[dict]:
         """The recorded loss curves (``read_curves`` of ``NAME.curves.csv``)."""
@@ -196,7 +198,7 @@ def steps_to_run(plan: "Plan", steps: List["Step"], record: Optional[Record], ro
                 if not (record and record.get((ds.id, r.id, col.id, seed), *cell_keys(plan, needed))):
                     for step in needed:
                         want(step)
-    if plan.table.heatmap and rows is None and not (record and record.has_heatmap()):
+    if plan.draws_heatmap() and rows is None and not (record and record.has_heatmap()):
         want(plan.heatmap_step())
     return [s for s in steps if s.output in wanted or (s.kind == "prep" and wanted)]
 
@@ -207,9 +209,9 @@ def publish(plan: "Plan", record: Record) -> None:
     copies = [(plan.out / f"{name}{suffix}", record.directory / f"{name}{suffix}")
               for suffix in (".md", ".csv", ".png", ".curves.png", ".curves.csv")]
     copies.append((plan.out / "commands.sh", record.directory / f"{name}.commands.sh"))
-    if (plan.out / "heatmap" / "heatmap.md").is_file():
-        copies += [(f, record.directory / "heatmap" / f.name) for f in (plan.out / "heatmap").iterdir()
-                   if f.suffix in (".png", ".md")]
+    drawn = plan.out / heatmap_folder(name)
+    if (drawn / "heatmap.md").is_file():
+        copies += [(f, record.heatmap_dir / f.name) for f in drawn.iterdir() if f.suffix in (".png", ".md")]
     for source, target in copies:
         if source.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from fairseq_sparse.analysis.report import pyplot
 from fairseq_sparse.experiments.cells import Results
 from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.outputs import train_loss_per_epoch, trained_side_by_side, valid_loss_per_epoch
-from fairseq_sparse.experiments.plan import Plan
+from fairseq_sparse.experiments.plan import Plan, heatmap_folder
 from fairseq_sparse.experiments.record import Record
 from fairseq_sparse.experiments.runner import relative_to_cwd
 from fairseq_sparse.experiments.schema import Column
@@ -108,16 +108,18 @@ def write_report(plan: Plan, results: Results, record: Optional[Record] = None) 
     heatmap = heatmap_dir(plan, record)
     if table.heatmap and heatmap:
         pngs = sorted(heatmap.glob("*.png"))
+        folder = heatmap_folder(table.name).as_posix()
         with open(md, "a", encoding="utf-8") as f:
-            f.write("Attention heatmaps: " + ", ".join(f"![{p.name}](heatmap/{p.name})" for p in pngs) + "\n")
+            f.write(f"Attention heatmaps (seed {plan.heatmap_seed()}'s models): "
+                    + ", ".join(f"![{p.name}]({folder}/{p.name})" for p in pngs) + "\n")
     return md
 
 
 def heatmap_dir(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
     """The folder of the table's attention heatmaps: drawn here, else kept in the record's folder."""
-    if (plan.out / "heatmap" / "heatmap.md").is_file():
-        return plan.out / "heatmap"
-    return record.directory / "heatmap" if record and record.has_heatmap() else None
+    if (plan.out / heatmap_folder(plan.table.name) / "heatmap.md").is_file():
+        return plan.out / heatmap_folder(plan.table.name)
+    return record.heatmap_dir if record and record.has_heatmap() else None
 
 
 # train_loss: the epoch's mean training loss (empty in curves recorded before it was kept)

@@ -64,7 +64,7 @@ def test_demo_table_in_smoke_profile(smoke_root, capsys):
     assert len(list((out / "speed" / "bible_de_en").glob("*/seed1/test.*.csv"))) == 5
     assert float(rows["softmax"][pruned]) == 0.0  # no gates, nothing pruned
     assert rows["L0Drop (softmax fine-tuned with gates)"][pruned] not in ("—", "failed")
-    assert list((out / "heatmap").glob("*.png"))
+    assert list((out / "heatmap" / "demo").glob("*.png"))
     assert (out / "demo.csv").read_text().count("\n") == 1 + 6 * 4
     # commands.sh names paths under the directory the table ran in relative to it (no machine's directories)
     commands = (out / "commands.sh").read_text()
@@ -90,9 +90,9 @@ def test_a_recorded_table_keeps_its_heatmaps_and_needs_no_model_again(smoke_root
                           "--record", str(results)])
     assert status == 0 and "[1/" not in capsys.readouterr().out
     assert (results / "demo.seeds.csv").read_text().count("\n") == 1 + 6 * 4
-    assert list((results / "heatmap").glob("*.png")) and (results / "demo.commands.sh").is_file()
+    assert list((results / "heatmap" / "demo").glob("*.png")) and (results / "demo.commands.sh").is_file()
     md = (results / "demo.md").read_text()
-    assert "Attention heatmaps: ![" in md and md == (smoke_root / "demo" / "demo.md").read_text()
+    assert "Attention heatmaps (seed 1's models): ![" in md and md == (smoke_root / "demo" / "demo.md").read_text()
     plan = tables.Plan(load_table(ROOT / "configs" / "tables" / "demo.yaml", "smoke"), tmp_path / "fresh",
                        tmp_path / "data", None, models_root=tmp_path / "models")
     assert steps_to_run(plan, plan.steps(), Record(results, "demo")) == []

@@ -221,6 +221,36 @@ def test_seeds_chooses_what_a_sitting_runs_not_what_the_table_reports(configs, t
     assert every.seeds_to_run(ds) == every.seeds(ds) == [1, 2]
 
 
+def test_a_heatmap_draws_the_tables_first_seed_and_each_table_keeps_its_own(configs, tmp_path):
+    """The heatmap reads the first seed's models whatever --seeds a sitting runs, only a sitting that
+    runs that seed draws it, and two tables recorded in one folder each find their own heatmaps."""
+    from fairseq_sparse.experiments.record import Record, publish, steps_to_run
+
+    (configs / "papers" / "p.yaml").write_text("settings:\n  base:\n    train: '--arch transformer_sparse'\n    seeds: [1, 2]\n")
+    body = GOOD + "heatmap: {dataset: iwslt14_de_en, rows: [a, b]}\n"
+    first = load_table(write_table(configs, body), "paper", configs)
+    (configs / "tables" / "u.yaml").write_text("name: u\ntitle: U\npaper: p\n" + body)
+    second = load_table(configs / "tables" / "u.yaml", "paper", configs)
+    seed_2 = tables.Plan(first, tmp_path / "t", tmp_path / "data", None, seeds=[2])
+    assert not any(s.kind == "heatmap" for s in seed_2.steps() + steps_to_run(seed_2, seed_2.steps(), None))
+    heatmaps = [s for s in seed_2.steps(every_seed=True) if s.kind == "heatmap"]
+    assert len(heatmaps) == 1 and {seed for _, _, seed in heatmaps[0].needs} == {1}
+    every = tables.Plan(first, tmp_path / "t", tmp_path / "data", None)
+    assert [s.kind for s in steps_to_run(every, every.steps(), None)].count("heatmap") == 1
+
+    drawn = tmp_path / "t" / "heatmap" / "t"
+    drawn.mkdir(parents=True)
+    (drawn / "heatmap.md").write_text("drawn\n")
+    (drawn / "heatmap_cross_l0_hmean_s0.png").write_bytes(b"png")
+    results = tmp_path / "results"
+    publish(every, Record(results, "t"))
+    assert (results / "heatmap" / "t" / "heatmap_cross_l0_hmean_s0.png").is_file()
+    assert Record(results, "t").has_heatmap() and not Record(results, "u").has_heatmap()
+    other = tables.Plan(second, tmp_path / "u", tmp_path / "data", None)
+    assert [s.kind for s in steps_to_run(other, other.steps(), Record(results, "u"))].count("heatmap") == 1
+    assert "heatmap" not in [s.kind for s in steps_to_run(every, every.steps(), Record(results, "t"))]
+
+
 # ---------------------------------------------------------------- every table: commands parse
 
 

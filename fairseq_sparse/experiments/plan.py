@@ -5,40 +5,20 @@ from __future__ import annotations
 import hashlib
 import shlex
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from fairseq_sparse.experiments.arguments import merge_args
 from fairseq_sparse.experiments.errors import ConfigError
 from fairseq_sparse.experiments.measures import MEASURES
+from fairseq_sparse.experiments.heatmap import draws_heatmap, heatmap_step
 from fairseq_sparse.experiments.schema import Column, Dataset, Row, Table
+from fairseq_sparse.experiments.step import Step
 from fairseq_sparse.core.models.options import SparseModelOptions
-
-
-def heatmap_folder(table: str) -> Path:
-    """A table's attention heatmaps, relative to its output folder and to a record's folder alike: a
-    record's folder keeps several tables, each with its own heatmaps."""
-    return Path("heatmap") / table
 
 BIN = Path(sys.executable).parent
 USER_DIR = str(Path(__file__).resolve().parent.parent)  # the installed package: fairseq-train --user-dir
-
-
-@dataclass
-class Step:
-    """One command and its output (a ``.done`` marker when it has no single output file); the
-    runner's completion marker (``runner.completion_marker``) proves it ran to the end."""
-
-    kind: str  # prep | train | average | generate | speed | pruned | zero_weights | heatmap
-    argv: List[str]
-    output: Path
-    log: Path
-    label: str
-    model: Optional[Tuple[str, str, int]] = None  # (dataset, row, seed) this step trains
-    needs: Tuple[Tuple[str, str, int], ...] = ()  # models whose checkpoints it reads
-    resumes_from: Optional[Path] = None  # what a run cut short leaves to go on from (a training's checkpoint_last.pt)
-    runs_alone: bool = False  # its running time is a result (a decode's speed): --jobs stops the others meanwhile
 
 
 def tool(name: str) -> List[str]:
@@ -283,35 +263,8 @@ class Plan:
                     waiting = [s for s in waiting if not set(s.needs) <= trained]
                 for step in waiting:
                     add(step)
-        if self.draws_heatmap(every_seed):
-            add(self.heatmap_step())
+        if draws_heatmap(self, every_seed):
+            add(heatmap_step(self))
         return steps
-
-    def heatmap_seed(self) -> int:
-        """The seed whose models the heatmap draws: the table's first, whichever seeds a sitting runs."""
-        return self.seeds(self.table.datasets[self.table.heatmap["dataset"]])[0]
-
-    def draws_heatmap(self, every_seed: bool = False) -> bool:
-        """Whether the table has a heatmap and this sitting (or, ``every_seed``, the whole table) runs its seed."""
-        if not self.table.heatmap:
-            return False
-        ds = self.table.datasets[self.table.heatmap["dataset"]]
-        return every_seed or self.heatmap_seed() in self.seeds_to_run(ds)
-
-    def heatmap_step(self) -> Step:
-        """Attention of chosen sentences, the given rows' models side by side (``heatmap_seed``)."""
-        spec = self.table.heatmap
-        ds = self.table.datasets[spec["dataset"]]
-        rows = [self.table.row(r) for r in spec["rows"]]
-        seed = self.heatmap_seed()
-        out = self.out / heatmap_folder(self.table.name)
-        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "heatmap", str(self.data_dir(ds) / "bin"),
-                "--path", *[str(self.checkpoint(ds, r, seed)) for r in rows], "--labels", *[r.label for r in rows],
-                "--split", spec.get("split", "test"), "--sentences", *[str(s) for s in spec.get("sentences", [0])],
-                "--sublayer", spec.get("sublayer", "cross"), "--layer", str(spec.get("layer", 0)),
-                "--head", str(spec.get("head", "mean")), "--out", str(out),
-                "--model-overrides", *[self.model_overrides(ds, r) for r in rows]] + (["--cpu"] if self.smoke else [])
-        return Step("heatmap", argv, out / "heatmap.md", self.out / "heatmap.log", "attention heatmaps",
-                    needs=tuple(self.model_key(ds, r, seed) for r in rows))
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
 from fairseq_sparse.experiments.measures import EPOCH_MEASURES, MEASURES, validates_epoch
-from fairseq_sparse.experiments.plan import heatmap_folder
+from fairseq_sparse.experiments.heatmap import draws_heatmap, heatmap_folder, heatmap_step
 
 if TYPE_CHECKING:
     from fairseq_sparse.experiments.plan import Plan, Step
@@ -198,8 +198,8 @@ def steps_to_run(plan: "Plan", steps: List["Step"], record: Optional[Record], ro
                 if not (record and record.get((ds.id, r.id, col.id, seed), *cell_keys(plan, needed))):
                     for step in needed:
                         want(step)
-    if plan.draws_heatmap() and rows is None and not (record and record.has_heatmap()):
-        want(plan.heatmap_step())
+    if draws_heatmap(plan) and rows is None and not (record and record.has_heatmap()):
+        want(heatmap_step(plan))
     return [s for s in steps if s.output in wanted or (s.kind == "prep" and wanted)]
 
 

@@ -10,7 +10,8 @@ from fairseq_sparse.analysis.report import pyplot
 from fairseq_sparse.experiments.cells import Results
 from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.outputs import train_loss_per_epoch, trained_side_by_side, valid_loss_per_epoch
-from fairseq_sparse.experiments.plan import Plan, heatmap_folder
+from fairseq_sparse.experiments.heatmap import heatmap_folder, heatmap_seed
+from fairseq_sparse.experiments.plan import Plan
 from fairseq_sparse.experiments.record import Record
 from fairseq_sparse.experiments.runner import relative_to_cwd
 from fairseq_sparse.experiments.schema import Column
@@ -110,7 +111,7 @@ def write_report(plan: Plan, results: Results, record: Optional[Record] = None) 
         pngs = sorted(heatmap.glob("*.png"))
         folder = heatmap_folder(table.name).as_posix()
         with open(md, "a", encoding="utf-8") as f:
-            f.write(f"Attention heatmaps (seed {plan.heatmap_seed()}'s models): "
+            f.write(f"Attention heatmaps (seed {heatmap_seed(plan)}'s models): "
                     + ", ".join(f"![{p.name}]({folder}/{p.name})" for p in pngs) + "\n")
     return md
 

@@ -1,0 +1,47 @@
+"""A table's attention heatmap: the models it draws, where it goes, and which sitting draws it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fairseq_sparse.experiments.step import Step
+
+if TYPE_CHECKING:  # only for annotations: the plan imports this module
+    from fairseq_sparse.experiments.plan import Plan
+
+
+def heatmap_folder(table: str) -> Path:
+    """A table's heatmaps, relative to its output folder and to a record's folder alike: a record's
+    folder keeps several tables, each with its own heatmaps."""
+    return Path("heatmap") / table
+
+
+def heatmap_seed(plan: Plan) -> int:
+    """The seed whose models the heatmap draws: the table's first, whichever seeds a sitting runs."""
+    return plan.seeds(plan.table.datasets[plan.table.heatmap["dataset"]])[0]
+
+
+def draws_heatmap(plan: Plan, every_seed: bool = False) -> bool:
+    """Whether the table has a heatmap and this sitting (or, ``every_seed``, the whole table) runs its seed."""
+    if not plan.table.heatmap:
+        return False
+    return every_seed or heatmap_seed(plan) in plan.seeds_to_run(plan.table.datasets[plan.table.heatmap["dataset"]])
+
+
+def heatmap_step(plan: Plan) -> Step:
+    """Attention of chosen sentences, the given rows' models side by side (``heatmap_seed``'s)."""
+    spec = plan.table.heatmap
+    ds = plan.table.datasets[spec["dataset"]]
+    rows = [plan.table.row(r) for r in spec["rows"]]
+    seed = heatmap_seed(plan)
+    out = plan.out / heatmap_folder(plan.table.name)
+    argv = [sys.executable, "-m", "fairseq_sparse.analysis", "heatmap", str(plan.data_dir(ds) / "bin"),
+            "--path", *[str(plan.checkpoint(ds, r, seed)) for r in rows], "--labels", *[r.label for r in rows],
+            "--split", spec.get("split", "test"), "--sentences", *[str(s) for s in spec.get("sentences", [0])],
+            "--sublayer", spec.get("sublayer", "cross"), "--layer", str(spec.get("layer", 0)),
+            "--head", str(spec.get("head", "mean")), "--out", str(out),
+            "--model-overrides", *[plan.model_overrides(ds, r) for r in rows]] + (["--cpu"] if plan.smoke else [])
+    return Step("heatmap", argv, out / "heatmap.md", plan.out / "heatmap.log", "attention heatmaps",
+                needs=tuple(plan.model_key(ds, r, seed) for r in rows))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from fairseq_sparse.experiments.step import Step
 
@@ -18,6 +18,12 @@ def heatmap_folder(table: str) -> Path:
     return Path("heatmap") / table
 
 
+def drawn_heatmaps(plan: Plan) -> Optional[Path]:
+    """The folder of the heatmaps the table's output holds, once its heatmap step has run to the end."""
+    folder = plan.out / heatmap_folder(plan.table.name)
+    return folder if (folder / "heatmap.md").is_file() else None
+
+
 def heatmap_seed(plan: Plan) -> int:
     """The seed whose models the heatmap draws: the table's first, whichever seeds a sitting runs."""
     return plan.seeds(plan.table.datasets[plan.table.heatmap["dataset"]])[0]
@@ -27,7 +33,8 @@ def draws_heatmap(plan: Plan, every_seed: bool = False) -> bool:
     """Whether the table has a heatmap and this sitting (or, ``every_seed``, the whole table) runs its seed."""
     if not plan.table.heatmap:
         return False
-    return every_seed or heatmap_seed(plan) in plan.seeds_to_run(plan.table.datasets[plan.table.heatmap["dataset"]])
+    ds = plan.table.datasets[plan.table.heatmap["dataset"]]
+    return every_seed or heatmap_seed(plan) in plan.seeds_to_run(ds)
 
 
 def heatmap_step(plan: Plan) -> Step:

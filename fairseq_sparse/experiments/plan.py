@@ -11,8 +11,8 @@ from typing import Dict, List, Optional, Tuple
 
 from fairseq_sparse.experiments.arguments import merge_args
 from fairseq_sparse.experiments.errors import ConfigError
-from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.heatmap import draws_heatmap, heatmap_step
+from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.schema import Column, Dataset, Row, Table
 from fairseq_sparse.experiments.step import Step
 from fairseq_sparse.core.models.options import SparseModelOptions

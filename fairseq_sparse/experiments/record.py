@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
+from fairseq_sparse.experiments.heatmap import drawn_heatmaps, draws_heatmap, heatmap_folder, heatmap_step
 from fairseq_sparse.experiments.measures import EPOCH_MEASURES, MEASURES, validates_epoch
-from fairseq_sparse.experiments.heatmap import draws_heatmap, heatmap_folder, heatmap_step
 
 if TYPE_CHECKING:
     from fairseq_sparse.experiments.plan import Plan, Step
@@ -209,8 +209,8 @@ def publish(plan: "Plan", record: Record) -> None:
     copies = [(plan.out / f"{name}{suffix}", record.directory / f"{name}{suffix}")
               for suffix in (".md", ".csv", ".png", ".curves.png", ".curves.csv")]
     copies.append((plan.out / "commands.sh", record.directory / f"{name}.commands.sh"))
-    drawn = plan.out / heatmap_folder(name)
-    if (drawn / "heatmap.md").is_file():
+    drawn = drawn_heatmaps(plan)
+    if drawn:
         copies += [(f, record.heatmap_dir / f.name) for f in drawn.iterdir() if f.suffix in (".png", ".md")]
     for source, target in copies:
         if source.is_file():

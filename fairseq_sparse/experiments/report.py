@@ -8,9 +8,9 @@ from typing import List, Optional, Tuple
 
 from fairseq_sparse.analysis.report import pyplot
 from fairseq_sparse.experiments.cells import Results
+from fairseq_sparse.experiments.heatmap import drawn_heatmaps, heatmap_folder, heatmap_seed
 from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.outputs import train_loss_per_epoch, trained_side_by_side, valid_loss_per_epoch
-from fairseq_sparse.experiments.heatmap import heatmap_folder, heatmap_seed
 from fairseq_sparse.experiments.plan import Plan
 from fairseq_sparse.experiments.record import Record
 from fairseq_sparse.experiments.runner import relative_to_cwd
@@ -118,8 +118,9 @@ def write_report(plan: Plan, results: Results, record: Optional[Record] = None) 
 
 def heatmap_dir(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
     """The folder of the table's attention heatmaps: drawn here, else kept in the record's folder."""
-    if (plan.out / heatmap_folder(plan.table.name) / "heatmap.md").is_file():
-        return plan.out / heatmap_folder(plan.table.name)
+    drawn = drawn_heatmaps(plan)
+    if drawn:
+        return drawn
     return record.heatmap_dir if record and record.has_heatmap() else None
 
 

@@ -50,6 +50,23 @@ STOCK_ARCHITECTURES: Dict[str, Tuple[str, Dict[str, Any]]] = {
 }
 
 
+# --dtype of the benchmarks: the precision models run in (parameters, activations; losses in float32).
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def add_dtype_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", choices=sorted(DTYPES),
+                        help="precision of every row's model and inputs (default: bf16 on CUDA, as users train there; "
+                             "fp32 on the CPU)")
+
+
+def resolve_dtype(args: argparse.Namespace) -> torch.dtype:
+    """``args.dtype`` filled in with its device's default; the torch dtype."""
+    if args.dtype is None:
+        args.dtype = "bf16" if str(args.device).startswith("cuda") else "fp32"
+    return DTYPES[args.dtype]
+
+
 def placement(fn: str, self_only: bool) -> Tuple[str, ...]:
     """Sublayers ``fn`` runs in: its paper's placement, never cross-attention for a self-attention-only pattern."""
     sublayers = PLACEMENT.get(fn, SUBLAYERS)

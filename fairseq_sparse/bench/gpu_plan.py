@@ -32,6 +32,14 @@ RUN_OPTIONS = ["--device", "cuda", "--arch", "transformer_sparse", "--beam", "4"
                "--long-lengths", "512", "1024", "2048", "4096"]
 # Document lengths: where top-k and the patterns gather their keys (modules/gathered_attention.py).
 MEMORY_LENGTHS = ["512", "1024", "2048", "4096"]
+# The speed profile (the users' regime in about 8 minutes on one H100/H200): the issue's lengths, the
+# run's default rows plus the patterns the document-level table compares, 3 repetitions.
+SPEED_MEMORY_LENGTHS = ["1024", "4096"]
+SPEED_RUN_OPTIONS = ["--device", "cuda", "--arch", "transformer_sparse", "--beam", "4", "--batch-size", "128",
+                     "--long-lengths", "1024", "4096", "--long-batch-size", "1", "--repeats", "3",
+                     "--functions", "topk", "hard", "rela_g", "sparsemax", "entmax15", "entmax_alpha", "l0drop",
+                     "window", "block", "dilated", "bigbird", "topk_oow"]
+PROFILES = ("full", "speed")
 VALID_PAIRS = 40  # sentence pairs of the synthetic validation set
 
 
@@ -106,23 +114,36 @@ def train_steps(data: Path, updates: int, timeout: float) -> List[Step]:
     return steps
 
 
-def benchmark_steps(report_dir: Path, timeout: float, run_timeout: float) -> List[Step]:
-    """The benchmarks of fairseq_sparse.bench on the GPU; run.py's CSV goes beside the report."""
+def benchmark_steps(report_dir: Path, timeout: float, run_timeout: float, dtype: str = "bf16",
+                    profile: str = "full", csv_name: str = "speed.csv") -> List[Step]:
+    """The benchmarks of fairseq_sparse.bench on the GPU, in ``dtype``; run.py's CSV goes beside the report.
+    The ``speed`` profile keeps the users' regime's measurements only (memory and run, fewer lengths)."""
     python = sys.executable
     steps = [Step("equality", "equality", "CPU vs CUDA logits of the same weights, per function:",
                   command=[python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda"], timeout=timeout),
              Step("operations", "operations", "Hard Retrieval Table 2, per-operation times:",
                   command=[python, "-m", "fairseq_sparse.bench.operations", "--device", "cuda"], timeout=timeout)]
+    lengths, run_options = MEMORY_LENGTHS, RUN_OPTIONS
+    if profile == "speed":
+        lengths, run_options = SPEED_MEMORY_LENGTHS, SPEED_RUN_OPTIONS
     for causal in (False, True):
         steps.append(Step("memory causal" if causal else "memory", "memory",
-                          f"peak memory, {'decoder (causal)' if causal else 'encoder'} self-attention:",
-                          command=[python, "-m", "fairseq_sparse.bench.memory", "--device", "cuda", "--lengths", *MEMORY_LENGTHS,
-                                   "--functions", *attention_names()] + (["--causal"] if causal else []),
+                          f"peak memory, {'decoder (causal)' if causal else 'encoder'} self-attention, {dtype}:",
+                          command=[python, "-m", "fairseq_sparse.bench.memory", "--device", "cuda", "--dtype", dtype,
+                                   "--lengths", *lengths, "--functions", *attention_names()]
+                          + (["--causal"] if causal else []),
                           timeout=timeout))
-    steps.append(Step("run", "run", "train / decode throughput vs stock fairseq and softmax:",
-                      command=[python, "-m", "fairseq_sparse.bench.run", *RUN_OPTIONS, "--csv", str(report_dir / "speed.csv")],
+    steps.append(Step("run", "run", f"train / decode throughput vs stock fairseq and softmax, {dtype}:",
+                      command=[python, "-m", "fairseq_sparse.bench.run", *run_options, "--dtype", dtype,
+                               "--csv", str(report_dir / csv_name)],
                       timeout=run_timeout))
     return steps
+
+
+def side_file(args: argparse.Namespace, name: str) -> str:
+    """A file written beside the report: ``name`` for the full report, REPORT-STEM.NAME for the speed
+    profile, whose reports of several devices and precisions share results/bench."""
+    return name if args.profile == "full" else f"{args.out.stem}.{name}"
 
 
 def build_plan(args: argparse.Namespace, work: Path, report_dir: Path) -> List[Step]:
@@ -132,7 +153,8 @@ def build_plan(args: argparse.Namespace, work: Path, report_dir: Path) -> List[S
                   "Python versions"),
              data_step(work / "data", args.train_pairs),
              *train_steps(work / "data", args.train_updates, args.step_timeout),
-             *benchmark_steps(report_dir, args.step_timeout, args.run_timeout)]
+             *benchmark_steps(report_dir, args.step_timeout, args.run_timeout, args.dtype, args.profile,
+                              side_file(args, "speed.csv"))]
     return [s for s in steps if s.group in args.only or s.group == "environment"]
 
 

@@ -32,6 +32,7 @@ Without a CUDA device it says so, prints the plan (every command it would run) a
     bash scripts/gpu-report.sh                       # = python -m fairseq_sparse.bench.gpu_report
     bash scripts/gpu-report.sh --dry-run
     bash scripts/gpu-report.sh --out $OUT/REPORT.md --only environment data train
+    bash scripts/gpu-report.sh --profile speed       # bf16 memory and speed -> results/bench/gpu_<device>_bf16.md
 
 The plan is ``gpu_plan``, running a step ``gpu_steps``, the training check ``gpu_checks`` and the
 Markdown ``gpu_markdown``; this module runs the steps in order and parses the command line.
@@ -41,6 +42,7 @@ import argparse
 import concurrent.futures
 import datetime
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -53,7 +55,8 @@ import torch
 
 from fairseq_sparse.bench.gpu_checks import check_training
 from fairseq_sparse.bench.gpu_markdown import write_report
-from fairseq_sparse.bench.gpu_plan import GROUPS, Step, build_plan, format_plan
+from fairseq_sparse.bench.common import DTYPES
+from fairseq_sparse.bench.gpu_plan import GROUPS, PROFILES, Step, build_plan, format_plan, side_file
 from fairseq_sparse.bench.gpu_steps import environment, run_step, write_data
 
 
@@ -124,7 +127,7 @@ def execute(steps: List[Step], args: argparse.Namespace) -> int:
         run_step(step, logs)
         done(step)
     done.report(finished=True)
-    with tarfile.open(args.out.parent / "logs.tar.gz", "w:gz") as tar:
+    with tarfile.open(args.out.parent / side_file(args, "logs.tar.gz"), "w:gz") as tar:
         tar.add(logs, arcname="logs")
     if args.temporary_work_dir:
         shutil.rmtree(args.work_dir, ignore_errors=True)
@@ -133,15 +136,31 @@ def execute(steps: List[Step], args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def device_slug() -> str:
+    """The GPU's name for file names: 'NVIDIA H200' -> 'h200'; 'nogpu' without one."""
+    if not torch.cuda.is_available():
+        return "nogpu"
+    name = torch.cuda.get_device_name(0).lower().replace("nvidia", "").strip()
+    return re.sub(r"[^a-z0-9]+", "_", name.split()[0] if name else "gpu").strip("_") or "gpu"
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("runs") / "gpu-report" / "REPORT.md",
-                        help="the Markdown report; speed.csv and logs.tar.gz go beside it (default: %(default)s)")
+    parser.add_argument("--out", type=Path,
+                        help="the Markdown report; speed.csv and logs.tar.gz go beside it; {device} in it is the GPU's "
+                             "name, e.g. h200 (default: runs/gpu-report/REPORT.md; with --profile speed: "
+                             "results/bench/gpu_{device}_DTYPE.md)")
+    parser.add_argument("--profile", choices=PROFILES, default="full",
+                        help="full: every step below; speed: the users' regime only (memory and run in --dtype, "
+                             "about 8 minutes on one H100/H200), written to results/bench (default: %(default)s)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                        help="precision of the memory and run benchmarks (default: %(default)s; the training check "
+                             "always runs both --fp16 and --bf16)")
     parser.add_argument("--work-dir", type=Path,
                         help="data set and logs, kept (default: a new folder under the system's temporary directory, "
                              "removed at the end)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (every command) and exit")
-    parser.add_argument("--only", nargs="+", choices=GROUPS, default=list(GROUPS), metavar="GROUP",
+    parser.add_argument("--only", nargs="+", choices=GROUPS, metavar="GROUP",
                         help=f"run only these groups of steps: {', '.join(GROUPS)} (default: all; the environment "
                              "is always recorded)")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
@@ -153,7 +172,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.train_updates < 2:
         parser.error("--jobs must be positive and --train-updates at least 2")
-    args.out = args.out.resolve()
+    if args.only is None:
+        args.only = ["memory", "run"] if args.profile == "speed" else list(GROUPS)
+    if args.out is None:
+        args.out = (Path("results") / "bench" / f"gpu_{{device}}_{args.dtype}.md" if args.profile == "speed"
+                    else Path("runs") / "gpu-report" / "REPORT.md")
+    args.out = Path(str(args.out).replace("{device}", device_slug())).resolve()
     args.temporary_work_dir = args.work_dir is None  # removed at the end (the logs are packed beside the report)
     if args.work_dir is None:
         args.work_dir = Path(tempfile.gettempdir()) / f"fairseq-sparse-gpu-report-{os.getpid()}"

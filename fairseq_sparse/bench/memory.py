@@ -42,11 +42,11 @@ from torch.profiler import ProfilerActivity, profile
 
 import fairseq_sparse  # noqa: F401  (registers the functions)
 from fairseq_sparse.core.attention import attention_names, get_attention
-from fairseq_sparse.bench.common import FAIRSEQ
+from fairseq_sparse.bench.common import DTYPES, FAIRSEQ, add_dtype_option, resolve_dtype
 from fairseq_sparse.core.modules.gathered_attention import GATHER_CHUNK_ELEMENTS
 from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 
-DEFAULT_FUNCTIONS = ["softmax", "topk", "block", "window", "dilated", "global", "random", "bigbird", "topk_oow"]
+DEFAULT_FUNCTIONS = attention_names()
 REFERENCES = (FAIRSEQ, "softmax")
 MIB = 2**20
 
@@ -79,7 +79,7 @@ def build_attention(name: str, args) -> torch.nn.Module:
     plugin = SparseMultiheadAttention(args.embed_dim, args.heads, attn_fn="softmax" if name == FAIRSEQ else name,
                                       attn_k=args.k, dropout=args.attention_dropout, self_attention=True)
     if name != FAIRSEQ:
-        return plugin.to(args.device)
+        return plugin.to(args.device, DTYPES[args.dtype])
     stock = MultiheadAttention(args.embed_dim, args.heads, dropout=args.attention_dropout, self_attention=True)
     state = plugin.state_dict()
     missing, unexpected = set(stock.state_dict()) - set(state), set(state) - set(stock.state_dict())
@@ -87,14 +87,14 @@ def build_attention(name: str, args) -> torch.nn.Module:
         raise RuntimeError(f"parameter names differ between SparseMultiheadAttention and fairseq's MultiheadAttention: "
                            f"missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     stock.load_state_dict(state, strict=True)
-    return stock.to(args.device)
+    return stock.to(args.device, DTYPES[args.dtype])
 
 
 def measure(name: str, length: int, args) -> Dict[str, float]:
     """Peak MiB of a forward and of a forward + backward pass of one row."""
     attention = build_attention(name, args).train()
     gen = torch.Generator().manual_seed(args.seed)
-    x = torch.randn(length, args.batch_size, args.embed_dim, generator=gen).to(args.device).requires_grad_(True)
+    x = torch.randn(length, args.batch_size, args.embed_dim, generator=gen).to(args.device, DTYPES[args.dtype]).requires_grad_(True)
     # as TransformerDecoderBase.buffered_future_mask builds it (the encoder layer passes no attn_mask)
     causal = torch.triu(torch.full((length, length), float("-inf")), 1).to(x) if args.causal else None
     peak_bytes = cuda_peak_bytes if args.device.startswith("cuda") else cpu_peak_bytes
@@ -121,7 +121,7 @@ def format_table(results: Dict[str, Dict[str, float]], length: int, args) -> str
     lines = [
         f"peak memory above inputs and parameters, one self-attention sublayer, {mode}, length {length}, "
         f"batch {args.batch_size}, d_model {args.embed_dim}, {args.heads} heads, k={args.k}, "
-        f"attention dropout {args.attention_dropout}, device {args.device}; "
+        f"attention dropout {args.attention_dropout}, device {args.device}, {args.dtype}; "
         f"{FAIRSEQ} = stock fairseq MultiheadAttention (fused path), softmax's weights",
         "",
         "| function | forward MiB | ×fairseq | ×softmax | forward+backward MiB | ×fairseq | ×softmax |",
@@ -153,6 +153,7 @@ def main(argv: List[str] = None) -> Dict[int, Dict[str, Dict[str, float]]]:
                         help="attention dropout of every row, active in the passes (default: %(default)s)")
     parser.add_argument("--causal", action="store_true", help="decoder self-attention: mask future keys")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    add_dtype_option(parser)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--gather-chunk-elements", type=int, metavar="N",
@@ -173,6 +174,7 @@ def main(argv: List[str] = None) -> Dict[int, Dict[str, Dict[str, float]]]:
         parser.error("--lengths must be positive")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device")
+    resolve_dtype(args)
     tables = {}
     for length in dict.fromkeys(args.lengths):
         tables[length] = {name: measure(name, length, args) for name in rows}

@@ -59,8 +59,9 @@ from fairseq.data import Dictionary
 
 import fairseq_sparse  # noqa: F401
 from fairseq_sparse.core.attention import attention_names
-from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, compare_models, load_binarised_pairs,
-                                         make_batch, random_sentences, synthetic_dictionary)
+from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, add_dtype_option, compare_models,
+                                         load_binarised_pairs, make_batch, random_sentences, resolve_dtype,
+                                         synthetic_dictionary)
 from fairseq_sparse.bench.long_lengths import long_job
 from fairseq_sparse.bench.run_jobs import JOBS, REFERENCES, Batch, build_models, measure, throughput, timed_jobs
 from fairseq_sparse.bench.run_report import describe, format_equivalence, format_report, write_csv
@@ -91,6 +92,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                              f"{', '.join(sorted(STOCK_ARCHITECTURES))} (default: %(default)s)")
     parser.add_argument("--k", type=int, default=8, help="k for functions that take it")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    add_dtype_option(parser)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--gather-chunk-elements", type=int, metavar="N",
                         help="the gathered path's chunk budget on --device, in float32 entries (top-k and the "
@@ -128,6 +130,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if any(length < 2 for length in args.long_lengths):
         parser.error("--long-lengths: every length must be at least 2 (EOS included)")
     args.long_lengths = list(dict.fromkeys(args.long_lengths))
+    resolve_dtype(args)
     return args
 
 
@@ -151,7 +154,7 @@ def batches(args: argparse.Namespace) -> Tuple[Dictionary, Batch, torch.Tensor, 
     pad = dictionary.pad()
     logger.info(f"{args.arch}, large batch {len(large['src_tokens'])} sentences ({int(large['src_tokens'].ne(pad).sum())} "
                 f"source / {int(target.ne(pad).sum())} target tokens), {len(singles)} sentences at batch 1, "
-                f"{args.decode_len} forced steps, beam {args.beam}, device {args.device}, torch threads "
+                f"{args.decode_len} forced steps, beam {args.beam}, device {args.device}, {args.dtype}, torch threads "
                 f"{torch.get_num_threads()}, {'data ' + args.data if args.data else 'random tokens'}")
     return dictionary, large, target, singles
 

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_sparse.bench.common import (FAIRSEQ, build_row, build_stock_reference, forced_length_decoder,
+from fairseq_sparse.bench.common import (DTYPES, FAIRSEQ, build_row, build_stock_reference, forced_length_decoder,
                                          interleaved_medians)
 from fairseq_sparse.bench.long_lengths import add_long_jobs
 
@@ -52,6 +52,9 @@ def build_models(rows: Sequence[str], args: argparse.Namespace, dictionary: Dict
     except (RuntimeError, ValueError) as err:
         sys.exit(f"python -m fairseq_sparse.bench.run: error: {err}")
     train[FAIRSEQ] = decode[FAIRSEQ] = stock
+    dtype = DTYPES[args.dtype]  # cast after building: the L0Drop gates and the stock copy are set in float32
+    for model in list(train.values()) + list(decode.values()):
+        model.to(dtype)
     return Models({row: train[row] for row in rows}, decode, achieved)
 
 
@@ -66,11 +69,12 @@ class TrainStep:
         model = self.models[row].train()
         self.optimizers[row].zero_grad()
         logits, extra = model(**batch)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), batch_target.view(-1),
+        # in float32, as fairseq's criteria take log_softmax(logits.float())
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), batch_target.view(-1),
                                                  ignore_index=self.pad)
         if "l0drop_expected_l0" in extra:  # L0Drop eq. 12, normalised as label_smoothed_cross_entropy_l0drop does
             src_tokens = batch["src_tokens"].ne(self.pad).sum()
-            loss = loss + L0_LAMBDA * extra["l0drop_expected_l0"][0].sum() / src_tokens
+            loss = loss + L0_LAMBDA * extra["l0drop_expected_l0"][0].float().sum() / src_tokens
         loss.backward()
         self.optimizers[row].step()
 

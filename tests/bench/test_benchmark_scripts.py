@@ -78,6 +78,7 @@ def test_run_rejects_unknown_rows(capsys):
     module = importlib.import_module("fairseq_sparse.bench.run")
     assert module.parse_args([]).functions == module.DEFAULT_FUNCTIONS
     assert module.parse_args([]).long_lengths == []
+    assert module.parse_args([]).dtype == "fp32" and module.parse_args(["--dtype", "bf16"]).dtype == "bf16"
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(["--functions", "softmax", "nosuch"])
     assert exit_info.value.code == 2 and "unknown row 'nosuch'" in capsys.readouterr().err
@@ -92,7 +93,7 @@ def check_plan(text):
         assert f"[train] train {name} fp16: " in text and f"[train] train {name} bf16: " in text, name
     for fragment in ["--fp16", "--bf16", "--l0drop-every-layer", "fairseq_cli.train", "fairseq_sparse.train", "fairseq_cli.preprocess",
                      "fairseq_sparse.bench.run --device cuda", "--beam 4 --batch-size 128 --long-lengths 512 1024 2048 4096",
-                     "fairseq_sparse.bench.operations --device cuda", "fairseq_sparse.bench.memory --device cuda --lengths 512 1024 2048 4096",
+                     "fairseq_sparse.bench.operations --device cuda", "fairseq_sparse.bench.memory --device cuda --dtype bf16 --lengths 512 1024 2048 4096",
                      "--causal", "fairseq_sparse.bench.cuda_equality --device cuda", "torch.cuda.get_device_name"]:
         assert fragment in text, fragment
 
@@ -102,6 +103,22 @@ def test_gpu_report_dry_run_prints_the_plan():
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     check_plan(result.stdout)
+
+
+def test_gpu_report_speed_profile_measures_the_users_regime_into_results():
+    """--profile speed: memory and run only, in bf16 by default, the report under results/bench named by device."""
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-report.sh"), "--profile", "speed", "--dry-run"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = result.stdout
+    assert "[train]" not in text and "[equality]" not in text and "plan: 4 steps" in text
+    assert "fairseq_sparse.bench.memory --device cuda --dtype bf16 --lengths 1024 4096" in text
+    assert "--long-lengths 1024 4096" in text and "--dtype bf16 --csv" in text
+    device = "nogpu" if not torch.cuda.is_available() else ""
+    assert f"results/bench/gpu_{device}" in text and "_bf16.md" in text and "_bf16.speed.csv" in text
+    fp16 = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-report.sh"), "--profile", "speed", "--dtype", "fp16",
+                           "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert "--dtype fp16 --lengths" in fp16.stdout and "_fp16.md" in fp16.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device the script runs the whole report")

@@ -92,14 +92,13 @@ def hard_retrieval_attention(scores: Tensor, values: Tensor, mask: Optional[Tens
     if ctx.training:
         output, probs, empty_rows = _sampled_rows(scores, values, mask, ctx)
         return output.masked_fill(empty_rows.unsqueeze(-1), 0.0), probs
-    empty: Optional[Tensor] = None if mask is None else mask.all(dim=-1)
-    if empty is not None and not bool(empty.any()):
-        empty = None  # the usual case: skip two full-size fills
     indices = fill_masked(scores, mask, float("-inf")).argmax(dim=-1)
     output = retrieve_rows(values, indices)
     weights: Optional[Tensor] = _one_hot_weights(indices, scores.size(-1)) if ctx.need_weights else None
-    if empty is not None:
-        output = output.masked_fill(empty.unsqueeze(-1), 0.0)
+    if mask is not None:
+        # every call, not only when some query has no key: asking would stall a GPU's host each step
+        empty = mask.all(dim=-1, keepdim=True)
+        output = output.masked_fill(empty, 0.0)
         if weights is not None:
-            weights = weights.masked_fill(empty.unsqueeze(-1), 0.0)
+            weights = weights.masked_fill(empty, 0.0)
     return output, weights

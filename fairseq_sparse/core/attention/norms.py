@@ -36,7 +36,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         xf = x.float()
         mean_square = xf.pow(2).mean(dim=-1, keepdim=True)
-        inverse_rms = torch.rsqrt(mean_square + self.eps).masked_fill(mean_square == 0, 0.0)
+        inverse_rms = torch.rsqrt(mean_square + self.eps)
+        if torch.is_grad_enabled() and x.requires_grad:  # the guard is for the gradient (no ops for it in decoding)
+            inverse_rms = inverse_rms.masked_fill(mean_square == 0, 0.0)
         y = xf * inverse_rms * self.weight.float()
         if self.gate is not None:
             y = y * torch.sigmoid(self.gate.float() * xf)

@@ -128,6 +128,9 @@ class AttentionSpec:
     # For a score-free selection: every key it leaves lies within band(k) real-token positions
     # of its query (block, window, dilated), so at length only those candidates are evaluated.
     selection_band: Optional[Callable[[int], int]] = None
+    # At most this many keys per query, for k (block, window, dilated: k), so that the gathered path
+    # sizes its slots without reading a count from the device.
+    selection_width: Optional[Callable[[int], int]] = None
     # TorchScript compiles `fn` (typed arguments, no Python-only constructs on its inference path);
     # False for functions of libraries that TorchScript cannot compile (the entmax package)
     scriptable: bool = True

@@ -153,12 +153,17 @@ def _within_dilated_k(k: int) -> int:
     return DILATION * k
 
 
+def _k_keys(k: int) -> int:
+    return k
+
+
 def _on_lattice(offset: Tensor, dilation: int = DILATION) -> Tensor:
     """True at the key offsets a dilated pattern may attend (multiples of the dilation)."""
     return offset.remainder(dilation) == 0
 
 
-@register_selection("block", uses_k=True, uses_positions=True, self_attention_only=True, selection_band=_within_k)
+@register_selection("block", uses_k=True, uses_positions=True, self_attention_only=True, selection_band=_within_k,
+                    selection_width=_k_keys)
 def block_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Block attention: positions are cut into blocks of k; a query attends within its block.
 
@@ -170,7 +175,8 @@ def block_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContex
     return ~selected
 
 
-@register_selection("window", uses_k=True, uses_positions=True, self_attention_only=True, selection_band=_within_k)
+@register_selection("window", uses_k=True, uses_positions=True, self_attention_only=True, selection_band=_within_k,
+                    selection_width=_k_keys)
 def window_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Window attention: each query attends to its k nearest visible positions.
 
@@ -185,7 +191,7 @@ def window_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionConte
 
 
 @register_selection("dilated", uses_k=True, uses_positions=True, self_attention_only=True,
-                    selection_band=_within_dilated_k)
+                    selection_band=_within_dilated_k, selection_width=_k_keys)
 def dilated_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Dilated attention: the k nearest visible positions at even distance (dilation 2).
 

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..errors import UsageError
 from ..attention import get_attention
-from ..modules.l0drop import HardConcreteGate, compress_memory, source_attention
+from ..modules.l0drop import HardConcreteGate, compress_memory, source_map
 from ..modules.prune_patterns import RulePatternGate
 from .options import SparseModelOptions
 from .sparse_layers import SparseTransformerDecoder, SparseTransformerEncoder, SparseTransformerEncoderLayer, wrap_layer
@@ -76,6 +76,8 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
         self.gated_layers = options.l0drop_every_layer
         self.compress = options.l0drop_compress
         cross_fn = options.cross_attn_fn
+        # how attention over the compressed memory's zero slot maps back to the pruned source positions
+        self.ties_to_first_key = get_attention(cross_fn).ties_to_first_key
         if self.compress and not get_attention(cross_fn).supports_key_counts:
             logger.warning(f"L0Drop: cross-attention function {cross_fn!r} cannot read a compressed memory "
                            "exactly; decoding uncompressed")
@@ -112,7 +114,7 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
             memory, counts = compress_memory(x, gate.gates, padding)
             out["encoder_out"], out["encoder_padding_mask"] = [memory], [counts]
             # what maps attention over the compressed slots back to source positions (--print-alignment)
-            out["encoder_gates"], out["encoder_source_padding"] = [gate.gates], [padding]
+            out["encoder_source_map"] = [source_map(gate.gates, padding, memory.size(0) - 1, self.ties_to_first_key)]
         return out
 
     @torch.jit.unused  # only with gates after the layers, which do not script (GatedEncoderLayer)
@@ -140,11 +142,6 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
 
 
 class L0DropTransformerDecoder(SparseTransformerDecoder):
-    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
-        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection)
-        # how attention over the compressed memory's zero slot maps back to the pruned source positions
-        self.ties_to_first_key = get_attention(SparseModelOptions.from_cfg(cfg).cross_attn_fn).ties_to_first_key
-
     def extract_features(
         self,
         prev_output_tokens,
@@ -160,9 +157,9 @@ class L0DropTransformerDecoder(SparseTransformerDecoder):
         if encoder_out is None:
             return x, extra
         attn = extra["attn"][0]
-        gates = encoder_out.get("encoder_gates")
-        if attn is not None and gates is not None and len(gates) > 0:
-            source = source_attention(attn, gates[0], encoder_out["encoder_source_padding"][0], self.ties_to_first_key)
+        source_maps = encoder_out.get("encoder_source_map")
+        if attn is not None and source_maps is not None and len(source_maps) > 0:
+            source = torch.bmm(attn, source_maps[0].to(attn.dtype))
             extra["attn"] = torch.jit.annotate(List[Optional[Tensor]], [source])
         expected_l0 = encoder_out.get("l0drop_expected_l0")
         if expected_l0 is not None and len(expected_l0) > 0:  # for the criterion

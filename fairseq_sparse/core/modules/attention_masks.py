@@ -1,9 +1,15 @@
 """fairseq's attention masks as the attention paths read them: one boolean mask (True = hidden)
 plus an optional additive bias, their rows for a chunk of queries, and the checks that let a
-path take the kernel's causal shortcut instead of building a (T, S) mask."""
+path take the kernel's causal shortcut instead of building a (T, S) mask.
+
+The checks read the mask's values, which on a GPU stalls the host until the device has drained
+its queue. fairseq's decoder builds its future mask once and hands views of that one tensor to
+every layer at every step, so each answer is remembered per mask (``remembered``): a training or
+decoding step asks the device nothing about a mask it has seen."""
 
 import copy
-from typing import Optional, Tuple
+import weakref
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -11,19 +17,42 @@ from torch import Tensor
 from ..attention import AttentionContext
 
 
-def is_causal(allowed: Tensor) -> bool:
-    """True if a boolean mask of allowed keys is exactly the causal mask of a full pass,
-    (1, 1, T, T) lower-triangular: the kernel then needs no mask (and no copy of one)."""
-    if allowed.dtype != torch.bool or allowed.dim() != 4 or allowed.shape[:2] != (1, 1) or allowed.size(-1) != allowed.size(-2):
-        return False
-    return bool(torch.equal(allowed, torch.ones_like(allowed).tril_()))
+# answers about masks: (question, id of the mask's storage owner, view geometry, version) -> answer
+_ANSWERS: Dict[Tuple, Tuple["weakref.ref[Tensor]", bool]] = {}
+_MAX_ANSWERS = 256  # masks that change in place every call would otherwise add an entry each time
 
 
-def is_future_mask(attn_mask: Tensor, num_queries: int, num_keys: int, rows_at_once: int = 256) -> bool:
+def remembered(question: str, mask: Tensor, answer: Callable[[Tensor], bool]) -> bool:
+    """``answer(mask)``, computed once per mask tensor and kept while that tensor lives.
+
+    The key is the tensor that owns the mask's memory (a view's ``_base``), the view's offset,
+    shape and strides, and the version counter that every in-place change bumps: a view cut
+    afresh from fairseq's cached future mask each step finds the answer of the first step, and
+    a changed or new mask is asked again.
+    """
+    owner = mask if mask._base is None else mask._base
+    key = (question, id(owner), mask.storage_offset(), tuple(mask.shape), tuple(mask.stride()), mask._version)
+    entry = _ANSWERS.get(key)
+    if entry is not None and entry[0]() is owner:
+        return entry[1]
+    value = answer(mask)
+    if len(_ANSWERS) >= _MAX_ANSWERS:
+        _ANSWERS.clear()
+    _ANSWERS[key] = (weakref.ref(owner, lambda _, key=key: _ANSWERS.pop(key, None)), value)
+    return value
+
+
+def is_future_mask(attn_mask: Tensor, num_queries: int, num_keys: int) -> bool:
     """True if fairseq's (T, S) attention mask hides exactly the keys after each query (T == S) and
-    adds nothing to the others; checked a few rows at a time (no (T, S) temporaries at length)."""
+    adds nothing to the others (remembered per mask: see the module's docstring)."""
     if attn_mask.dim() != 2 or num_queries != num_keys or attn_mask.shape != (num_queries, num_keys):
         return False
+    return remembered("future", attn_mask, _hides_exactly_the_future)
+
+
+def _hides_exactly_the_future(attn_mask: Tensor, rows_at_once: int = 256) -> bool:
+    """Checked a few rows at a time (no (T, S) temporaries at length)."""
+    num_queries, num_keys = attn_mask.shape
     keys = torch.arange(num_keys, device=attn_mask.device)
     for start in range(0, num_queries, rows_at_once):
         rows = attn_mask[start:start + rows_at_once]
@@ -60,7 +89,7 @@ def as_bool(mask: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def combine_masks(
-    attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor]
+    attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], adds_bias: Optional[bool] = None
 ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """Turn fairseq's masks into one boolean mask (True = hidden) and an optional score bias.
 
@@ -68,16 +97,38 @@ def combine_masks(
         the diagonal; the encoder layer uses -1e8). Entries <= -1e4 hide the key;
         any other non-zero float entries are kept as an additive bias.
     key_padding_mask: (B, S) bool, True at padding.
+    adds_bias: whether a float attn_mask adds to keys it does not hide, when the caller knows
+        (the rows of a chunk: asked of the whole mask once); None asks ``adds_to_visible_keys``.
     Returns a mask broadcastable to (B, H, T, S) and a bias of shape (1, 1, T, S) or None.
     """
     mask: Optional[Tensor] = None
     bias: Optional[Tensor] = None
     if attn_mask is not None:
         hidden = attn_mask if attn_mask.dtype == torch.bool else attn_mask <= -1e4
-        if attn_mask.dtype != torch.bool and bool(((attn_mask != 0) & ~hidden).any()):
-            bias = attn_mask.float().masked_fill(hidden, 0.0)[None, None]  # (fairseq's masks have none: no float copy then)
+        if attn_mask.dtype != torch.bool:
+            if adds_bias is None:
+                adds_bias = adds_to_visible_keys(attn_mask)
+            if adds_bias:
+                bias = attn_mask.float().masked_fill(hidden, 0.0)[None, None]  # (fairseq's masks have none: no float copy then)
         mask = hidden[None, None]
     if key_padding_mask is not None:
         padding = key_padding_mask[:, None, None, :]
         mask = padding if mask is None else mask | padding
     return mask, bias
+
+
+def adds_to_visible_keys(attn_mask: Tensor) -> bool:
+    """True if a float attention mask adds a non-zero bias to a key it does not hide (remembered per
+    mask, but in a scripted model)."""
+    if torch.jit.is_scripting():
+        return _reads_a_bias(attn_mask)
+    return _remembered_bias(attn_mask)
+
+
+def _reads_a_bias(attn_mask: Tensor) -> bool:
+    return bool(((attn_mask != 0) & ~(attn_mask <= -1e4)).any())
+
+
+@torch.jit.unused
+def _remembered_bias(attn_mask: Tensor) -> bool:
+    return remembered("bias", attn_mask, _reads_a_bias)

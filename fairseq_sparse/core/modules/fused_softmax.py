@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..attention import AttentionContext
 from ..attention.functions import visible_keys
-from .attention_masks import attn_mask_rows, combine_masks, is_causal, is_future_mask, query_rows, query_rows_of_context
+from .attention_masks import attn_mask_rows, combine_masks, is_future_mask, query_rows, query_rows_of_context
 from .gathered_attention import GatheredSoftmax, plan_gathered
 from .selected_softmax import ChunkPlan, SelectedSoftmaxInChunks
 
@@ -77,7 +77,7 @@ def selected_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor
             select=attention.spec.selection, rows=rows,
             # the chunks' masks are cut from fairseq's own masks, so that the backward pass keeps
             # no (T, S) mask of its own alive
-            mask_rows=lambda r: combine_masks(attn_mask_rows(masks[0], r), masks[1])[0],
+            mask_rows=lambda r: combine_masks(attn_mask_rows(masks[0], r), masks[1], adds_bias=False)[0],
             bias_rows=lambda r: query_rows(bias, r),
             context_rows=lambda r: ctx if len(rows) == 1 else query_rows_of_context(ctx, r),
             scale=attention.scaling, dropout=attention.dropout_module, dropout_p=attention.attention_dropout_p(),
@@ -88,14 +88,12 @@ def selected_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor
         hidden = attention.spec.selection(placeholder, mask, ctx)
     empty_rows = None
     if hidden is not None:
+        # A query with no key left gets output 0 (the registry's contract): inside the kernel it
+        # attends to every key (no softmax of -inf only, so no NaN in either pass), and it is
+        # zeroed afterwards, which also zeroes its gradient. Done for every mask, not only when
+        # some row is empty: asking would stall a GPU's host each call.
         empty_rows = hidden.all(dim=-1, keepdim=True)
-        if bool(empty_rows.any()):
-            # A query with no key left gets output 0 (the registry's contract): inside the
-            # kernel it attends to every key (no softmax of -inf only, so no NaN in either
-            # pass), and it is zeroed afterwards, which also zeroes its gradient.
-            hidden = hidden & ~empty_rows
-        else:
-            empty_rows = None  # the usual case: no extra pass over the output
+        hidden = hidden & ~empty_rows
     additive = bias
     if ctx.key_counts is not None:  # c identical keys: exp(s + log c) = c exp(s)
         log_counts = ctx.key_counts.clamp(min=1).log()  # count-0 slots are hidden anyway
@@ -106,9 +104,8 @@ def selected_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor
             attn_mask = attn_mask.masked_fill(hidden, float("-inf"))
     else:
         attn_mask = None if hidden is None else ~hidden
-    causal = attn_mask is not None and is_causal(attn_mask)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else attn_mask, is_causal=causal,
-                                         dropout_p=attention.attention_dropout_p(), scale=attention.scaling)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=attention.attention_dropout_p(),
+                                         scale=attention.scaling)
     return out if empty_rows is None else out.masked_fill(empty_rows, 0.0)
 
 def gathered_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext,
@@ -121,7 +118,7 @@ def gathered_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor
         return None
     plan = plan_gathered(
         attention.spec, q, k, ctx, causal,
-        mask_rows=lambda r: combine_masks(attn_mask_rows(attn_mask, r), key_padding_mask)[0],
+        mask_rows=lambda r: combine_masks(attn_mask_rows(attn_mask, r), key_padding_mask, adds_bias=False)[0],
         context_rows=lambda r: query_rows_of_context(ctx, r),
         key_padding_mask=key_padding_mask, scale=attention.scaling, dropout_p=attention.attention_dropout_p(),
     )

@@ -11,12 +11,16 @@ The selection itself is found a chunk of queries at a time (``Selection``):
 
 * top-k: the chunk's scores once (one (Tc, S) product; under a causal mask only the keys
   up to the chunk's last query), then ``torch.topk``. Keys tied with the k-th score are
-  all kept, as ``attention.functions.topk_mask`` keeps them (the chunk's n grows to the
-  widest tie);
+  all kept, as ``attention.functions.topk_mask`` keeps them: on the CPU the chunk's n grows
+  to the widest tie; on a GPU, where reading that width would stall the host every chunk,
+  n is k + TIE_SLOTS (a wider tie keeps TIE_SLOTS of its extra keys: exact float ties of
+  more than TIE_SLOTS + 1 keys at the k-th score);
 * a pattern with a ``selection_band`` (block, window, dilated): its own rule evaluated on
   the keys within ``band(k)`` real-token positions of each query, O(T x band);
 * any other selection (global, random, bigbird, Top-k OOW): its rule over the chunk's keys,
-  the selected keys then packed into n index slots (n: the chunk's widest row).
+  the selected keys then packed into n index slots (n: the chunk's widest row). Only where
+  the host reads that width for free (the CPU): on a GPU these run in query chunks
+  (``selected_softmax``) instead.
 
 Outputs and gradients are those of the registered functions to float rounding
 (tests/core/modules/test_gathered_attention.py). With attention dropout the n weights of a
@@ -41,6 +45,17 @@ _NEG_INF = float("-inf")
 # CUDA: a chunk is a few small kernels and a host synchronisation (top-k's tie width, a pattern's
 # slot count); with 2**19 entries an H100 waited on Python (results/bench/gpu_h100.md).
 GATHER_CHUNK_ELEMENTS = {"cpu": 2**19, "cuda": 2**23}
+
+
+# Extra slots a top-k query keeps for keys tied with its k-th score where the tie's width is not read
+# (a GPU; see the module's docstring).
+TIE_SLOTS = 4
+
+
+def host_reads_values(device: torch.device) -> bool:
+    """True where the host reads a tensor's value without waiting for a device (the CPU): the
+    gathered path then sizes its slots exactly. Elsewhere every size is fixed in advance."""
+    return device.type == "cpu"
 
 
 def chunk_elements(device: torch.device) -> int:
@@ -186,6 +201,10 @@ def topk_selection(q: Tensor, k: Tensor, rows: slice, hidden: Optional[Tensor], 
     if hidden is not None:
         scores.masked_fill_(hidden[..., :last_key], _NEG_INF)
     width = min(num_top, last_key)
+    if not host_reads_values(scores.device):
+        values, indices = scores.topk(min(width + TIE_SLOTS, last_key), dim=-1, sorted=True)
+        values = values.masked_fill(values < values[..., width - 1:width], _NEG_INF)
+        return Selection(indices=indices, empty=values == _NEG_INF, scores=values)
     values, indices = scores.topk(width, dim=-1, sorted=True)
     if width < last_key:
         kth = values[..., -1:]
@@ -197,11 +216,14 @@ def topk_selection(q: Tensor, k: Tensor, rows: slice, hidden: Optional[Tensor], 
     return Selection(indices=indices, empty=values == _NEG_INF, scores=values)
 
 
-def pack_selected(selected: Tensor) -> Selection:
-    """Selected keys (bool (..., Tc, S)) as index slots, n = the widest row's count."""
+def pack_selected(selected: Tensor, width: Optional[int] = None) -> Selection:
+    """Selected keys (bool (..., Tc, S)) as ``width`` index slots in key order; without a width,
+    as many as the widest row's count (read on the host)."""
     counts = selected.sum(dim=-1, keepdim=True)
-    width = max(1, int(counts.max()))
-    slot = torch.where(selected, selected.long().cumsum(dim=-1) - 1, width)  # the unselected go to a spare slot
+    if width is None:
+        width = max(1, int(counts.max()))
+    # the unselected go to a spare slot (and so would keys past a declared width)
+    slot = torch.where(selected, (selected.long().cumsum(dim=-1) - 1).clamp(max=width), width)
     indices = torch.zeros(*selected.shape[:-1], width + 1, dtype=torch.long, device=selected.device)
     key_index = torch.arange(selected.size(-1), device=selected.device).expand_as(slot)
     indices.scatter_(-1, slot, key_index)
@@ -209,23 +231,24 @@ def pack_selected(selected: Tensor) -> Selection:
     return Selection(indices=indices[..., :width], empty=empty)
 
 
-def band_candidates(query_positions: Tensor, first_key: Tensor, num_real: Tensor, query_index: Tensor,
+def band_candidates(query_positions: Tensor, key_table: Tensor, num_real: Tensor, query_index: Tensor,
                     width: int, causal: bool, num_keys: int):
     """The keys within ``width`` real-token positions of each query, for a banded pattern.
 
-    query_positions: (B|1, 1, Tc) real-token positions; first_key, num_real: (B|1, 1, 1) the
-    tensor index of each sentence's first real key and its number of real keys (padding is
-    contiguous at one end); query_index: (Tc,) tensor index of each query (the causal mask
-    compares tensor indices). Returns key indices (B|1, 1, Tc, C), their positions and a
-    bool (B|1, 1, Tc, C) hiding candidates that are padding, out of range or in the future.
+    query_positions: (B|1, 1, Tc) real-token positions; key_table, num_real: each sentence's
+    real keys' tensor indices and their number (``real_key_table``); query_index: (Tc,) tensor
+    index of each query (the causal mask compares tensor indices). Returns key indices
+    (B|1, 1, Tc, C), their positions and a bool (B|1, 1, Tc, C) hiding candidates that are
+    padding, out of range or in the future.
     """
     offsets = torch.arange(-width, width + 1, device=query_positions.device)
     positions = query_positions.unsqueeze(-1) + offsets  # (B|1, 1, Tc, C)
-    indices = first_key.unsqueeze(-1) + positions
     hidden = (positions < 0) | (positions >= num_real.unsqueeze(-1))
+    table = key_table.unsqueeze(-2).expand(*positions.shape[:-1], key_table.size(-1))
+    indices = table.gather(-1, positions.clamp(0, num_keys - 1))
     if causal:
         hidden = hidden | (indices > query_index.view(1, 1, -1, 1))
-    return indices.clamp(0, num_keys - 1), positions, hidden
+    return indices, positions, hidden
 
 
 def query_chunks(num_queries: int, per_query: int, device: torch.device) -> List[slice]:
@@ -233,19 +256,23 @@ def query_chunks(num_queries: int, per_query: int, device: torch.device) -> List
     return [slice(start, min(start + chunk, num_queries)) for start in range(0, num_queries, chunk)]
 
 
-def contiguous_padding(key_padding_mask: Optional[Tensor], num_keys: int, device):
-    """(first real key, number of real keys), each (B|1, 1, 1) long, when every sentence's real
-    keys are one contiguous run (padding at one end, as fairseq pads); else None."""
+def real_key_table(key_padding_mask: Optional[Tensor], num_keys: int, device) -> Tuple[Tensor, Tensor]:
+    """(tensor index of each sentence's real keys in order, (B|1, 1, S); their number, (B|1, 1, 1)).
+
+    Entry p of a row is the index of that sentence's p-th real key (entries past its real keys
+    are S - 1, and hidden by the band's range check), for padding anywhere: no value is read on
+    the host.
+    """
     if key_padding_mask is None:
-        return torch.zeros(1, 1, 1, dtype=torch.long, device=device), torch.full((1, 1, 1), num_keys, device=device)
+        return (torch.arange(num_keys, device=device).view(1, 1, -1),
+                torch.full((1, 1, 1), num_keys, dtype=torch.long, device=device))
     real = ~key_padding_mask
-    num_real = real.sum(dim=-1)
-    first = real.long().argmax(dim=-1)
-    index = torch.arange(num_keys, device=device)
-    run = (index >= first[:, None]) & (index < (first + num_real)[:, None])
-    if not torch.equal(run, real):
-        return None
-    return first.view(-1, 1, 1), num_real.view(-1, 1, 1)
+    position = real.long().cumsum(dim=-1) - 1
+    slot = torch.where(real, position, num_keys)  # padding keys write to a spare column
+    index = torch.arange(num_keys, device=device).expand_as(slot)
+    table = torch.full((real.size(0), num_keys + 1), num_keys - 1, dtype=torch.long, device=device)
+    table.scatter_(-1, slot, index)
+    return table[:, None, :num_keys], real.sum(dim=-1).view(-1, 1, 1)
 
 
 def plan_gathered(spec, q: Tensor, k: Tensor, ctx, causal: bool, mask_rows: Callable[[slice], Optional[Tensor]],
@@ -267,24 +294,28 @@ def plan_gathered(spec, q: Tensor, k: Tensor, ctx, causal: bool, mask_rows: Call
         return GatherPlan(rows=rows, select=select, scale=scale, dropout_p=dropout_p)
     band = spec.selection_band(ctx.k) if spec.selection_band is not None else None
     if band is not None:
-        padding = contiguous_padding(key_padding_mask, num_keys, q.device)
-        if padding is None or num_queries != num_keys:
+        if num_queries != num_keys:
             return None
-        first_key, num_real = padding
+        key_table, num_real = real_key_table(key_padding_mask, num_keys, q.device)
+        slots = min(spec.selection_width(ctx.k), 2 * band + 1) if spec.selection_width is not None else None
+        if slots is None and not host_reads_values(q.device):
+            slots = 2 * band + 1
         rows = query_chunks(num_queries, bsz * heads * (2 * band + 1) * head_dim, q.device)
 
         def select_band(r: slice) -> Selection:
             query_positions = ctx.query_positions[..., r]
             query_index = torch.arange(r.start, r.stop, device=q.device)
-            indices, positions, hidden = band_candidates(query_positions, first_key, num_real, query_index, band,
+            indices, positions, hidden = band_candidates(query_positions, key_table, num_real, query_index, band,
                                                          causal, num_keys)
             rule_ctx = copy.copy(ctx)
             rule_ctx.query_positions, rule_ctx.key_positions = query_positions, positions
             placeholder = q.new_zeros(()).expand(hidden.shape)
-            selected = pack_selected(~spec.selection(placeholder, hidden, rule_ctx))  # k of the 2 band + 1
+            selected = pack_selected(~spec.selection(placeholder, hidden, rule_ctx), slots)  # k of the 2 band + 1
             return Selection(indices=indices.gather(-1, selected.indices), empty=selected.empty)
 
         return GatherPlan(rows=rows, select=select_band, scale=scale, dropout_p=dropout_p)
+    if not host_reads_values(q.device):
+        return None  # packing a dense rule's keys needs its widest row's count: query chunks instead
     rows = query_chunks(num_queries, bsz * heads * num_keys, q.device)
 
     def select_dense(r: slice) -> Selection:

@@ -104,29 +104,28 @@ def kept_order(kept: Tensor, width: Optional[int] = None) -> Tensor:
     return torch.sort((~kept).to(torch.uint8), dim=1, stable=True).indices[:, :width]
 
 
-def source_attention(attn: Tensor, gates: Tensor, padding_mask: Optional[Tensor], first_pruned_only: bool) -> Tensor:
-    """Cross-attention weights over a compressed memory, (B, T, 1 + W), as the uncompressed model's
-    weights over the source positions, (B, T, S).
+def source_map(gates: Tensor, padding_mask: Optional[Tensor], width: int, first_pruned_only: bool) -> Tensor:
+    """(B, 1 + W, S) float32: cross-attention weights over a compressed memory of W kept slots,
+    (B, T, 1 + W), times this map are the uncompressed model's weights over the source positions, (B, T, S).
 
     A kept slot's weight goes to its encoding's position. The zero slot stands for the c pruned
     encodings, c identical keys, which get equal weights in the uncompressed model: its weight is
     shared among them, or, for a function that breaks ties by taking the first key (hard
-    retrieval's argmax), all goes to the first pruned position.
+    retrieval's argmax), all goes to the first pruned position. Built once per batch with the
+    memory, so that each decoding step maps its weights with one product.
     """
     kept = gates > 0
     real = kept.new_ones(kept.shape) if padding_mask is None else ~padding_mask
     pruned = real & ~kept
-    # the memory's width: beam search drops finished sentences, the memory keeps its slots
-    order = kept_order(kept, attn.size(-1) - 1)  # (B, W)
-    used = torch.arange(order.size(1), device=attn.device)[None, :] < kept.sum(dim=1, keepdim=True)
-    tgt_len = attn.size(1)
-    full = attn.new_zeros(attn.size(0), tgt_len, kept.size(1))
-    full.scatter_add_(-1, order[:, None, :].expand(-1, tgt_len, -1), attn[..., 1:] * used[:, None, :])
+    order = kept_order(kept, width)  # (B, W)
+    used = torch.arange(width, device=gates.device)[None, :] < kept.sum(dim=1, keepdim=True)
+    slots = torch.zeros(kept.size(0), width, kept.size(1), device=gates.device)
+    slots.scatter_(-1, order.unsqueeze(-1), used.unsqueeze(-1).float())
     if first_pruned_only:
         share = torch.zeros_like(pruned).scatter_(1, pruned.long().argmax(dim=1, keepdim=True), True) & pruned
     else:
         share = pruned / pruned.sum(dim=1, keepdim=True).clamp(min=1)
-    return full + attn[..., :1] * share[:, None, :].to(attn.dtype)
+    return torch.cat([share.float().unsqueeze(1), slots], dim=1)
 
 
 def compress_memory(x: Tensor, gates: Tensor, padding_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:

@@ -15,7 +15,8 @@ Two paths compute it:
   chunks that keep bit masks, not float matrices, for the backward pass (``selected_softmax``);
 * the registered function over float32 scores otherwise: weights requested (the decoder's alignment
   layer, the analysis tools), one query per call (incremental decoding, where stock fairseq is
-  unfused too), and every other method.
+  unfused too), and every other method; over long sequences a chunk of queries at a time,
+  recomputed in the backward pass (``function_in_chunks``), so that no (T, S) tensor is kept.
 
 TorchScript compiles the second path only (``torch.jit.is_scripting()`` branches; the fused path's
 autograd Functions serve training), calling the function through ``function_module``.
@@ -34,6 +35,7 @@ from ..attention import (
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from .attention_masks import as_bool, combine_masks
 from .l0drop import counted_padding
+from .function_in_chunks import function_chunks, function_in_chunks
 from .fused_softmax import selected_softmax
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -136,14 +138,18 @@ class SparseMultiheadAttention(MultiheadAttention):
         key_padding_mask: Optional[Tensor],
         incremental_state: Optional[IncrementalState],
         static_kv: bool,
-    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-        """Project (or read from the cache) keys and values: each (B, H, S, d_h)."""
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+        """Project (or read from the cache) keys and values, each (B, H, S, d_h), the padding mask and
+        the key counts of a counted memory, (B, 1, 1, S) float (L0Drop's: ``counted_padding``)."""
         if incremental_state is not None and static_kv:
             saved = self._get_input_buffer(incremental_state)
             prev_key, prev_value = saved.get("prev_key"), saved.get("prev_value")
             if prev_key is not None and prev_value is not None:
-                return prev_key, prev_value, saved.get("prev_key_padding_mask")
+                # the memory is the same every step: so are its mask and counts (no per-step work)
+                return prev_key, prev_value, saved.get("prev_key_padding_mask"), saved.get("prev_key_counts")
 
+        key_padding_mask, counts = counted_padding(key_padding_mask)
+        key_counts = None if counts is None else counts[:, None, None, :].float()
         source = query
         if not self.self_attention:
             assert key is not None, "encoder-decoder attention needs keys"
@@ -151,7 +157,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         k = self._split_heads(self.k_proj(source))
         v = self._split_heads(self.v_proj(source))
         if incremental_state is None:
-            return k, v, as_bool(key_padding_mask)
+            return k, v, as_bool(key_padding_mask), key_counts
 
         saved = self._get_input_buffer(incremental_state)
         prev_key, prev_value = saved.get("prev_key"), saved.get("prev_value")
@@ -169,8 +175,10 @@ class SparseMultiheadAttention(MultiheadAttention):
         saved["prev_key"] = k
         saved["prev_value"] = v
         saved["prev_key_padding_mask"] = key_padding_mask
+        if key_counts is not None:
+            saved["prev_key_counts"] = key_counts
         self._set_input_buffer(incremental_state, saved)
-        return k, v, key_padding_mask
+        return k, v, key_padding_mask, key_counts
 
     def forward(
         self,
@@ -196,9 +204,8 @@ class SparseMultiheadAttention(MultiheadAttention):
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, embed_dim = query.shape
 
-        key_padding_mask, key_counts = counted_padding(key_padding_mask)
         q = self._split_heads(self.q_proj(query))  # unscaled: the kernel of the fused path scales it
-        k, v, key_padding_mask = self._keys_and_values(query, key, key_padding_mask, incremental_state, static_kv)
+        k, v, key_padding_mask, key_counts = self._keys_and_values(query, key, key_padding_mask, incremental_state, static_kv)
         ctx = AttentionContext(
             k=self.attn_k,
             training=self.training,
@@ -212,7 +219,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         if key_counts is not None:
             if not torch.jit.is_scripting():
                 self._check_reads_key_counts()
-            ctx.key_counts = key_counts[:, None, None, :].float()
+            ctx.key_counts = key_counts
         if self.uses_positions:
             positions = self._positions(key_padding_mask, k.size(2), tgt_len, incremental_state)
             ctx.query_positions, ctx.key_positions = positions[0], positions[1]
@@ -222,6 +229,8 @@ class SparseMultiheadAttention(MultiheadAttention):
             out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
         elif self.spec.selection is not None and not need_weights and tgt_len > 1:
             out, weights = selected_softmax(self, q, k, v, ctx, (attn_mask, key_padding_mask)), None
+        elif not need_weights and function_chunks(q, k) is not None:
+            out, weights = function_in_chunks(self, q, k, v, ctx, (attn_mask, key_padding_mask)), None
         else:
             out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
 
@@ -285,16 +294,11 @@ class SparseMultiheadAttention(MultiheadAttention):
 
 
 def _moves_within_sentences(new_order: Tensor, rows: Optional[int], beam_size: int) -> bool:
-    """True if ``new_order`` keeps the number of rows and sends each row to a row of its own
-    sentence (rows are sentences x ``beam_size`` hypotheses).
+    """True if ``new_order`` keeps the number of rows (sentences x ``beam_size`` hypotheses).
 
-    Without a beam size (fairseq 0.12's SequenceGenerator never passes one down to a
-    TransformerModel's decoder), a reorder that keeps the number of rows is taken to stay
-    within sentences, as beam search's do and as stock fairseq's MultiheadAttention assumes.
+    Beam search permutes hypotheses within their sentence and drops finished sentences; it never
+    sends a hypothesis to another sentence. So, as stock fairseq's MultiheadAttention does, a
+    reorder that keeps the number of rows is taken to stay within sentences, without reading
+    ``new_order`` (which would stall a GPU's host at every decoding step and layer).
     """
-    if rows is None or new_order.size(0) != rows:
-        return False
-    if beam_size <= 1:
-        return True
-    own = torch.arange(rows, device=new_order.device) // beam_size
-    return bool(torch.equal(new_order // beam_size, own))
+    return rows is not None and new_order.size(0) == rows

@@ -210,3 +210,78 @@ def test_query_chunks_take_the_budget_of_the_tensors_device(monkeypatch):
     assert len(gathered_attention.query_chunks(10, 16, torch.device("cpu"))) == 3  # 4 queries a chunk
     assert len(gathered_attention.query_chunks(10, 16, torch.device("cuda"))) == 1
     assert len(gathered_attention.query_chunks(10, 16, torch.device("meta"))) == 3
+
+
+# --- the route a GPU takes: every size fixed in advance, nothing read on the host --------------------
+
+@pytest.fixture
+def gpu_route(monkeypatch):
+    monkeypatch.setattr(gathered_attention, "host_reads_values", lambda device: False)
+
+
+@pytest.mark.parametrize("padding", ["none", "left", "right"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("name", GATHERED)
+def test_the_gpu_route_equals_the_function_path(name, causal, padding, gathered, gpu_route):
+    """Top-k with k + TIE_SLOTS slots and the banded patterns with k slots gather their keys; the
+    other rules (whose widest row is not known in advance) run in query chunks instead."""
+    torch.manual_seed(2)
+    fused, plain = module_pair(name, self_attention=True)
+    x = torch.randn(13, 3, 16)
+    kwargs = dict(key_padding_mask=None if padding == "none" else padding_of(padding, 13),
+                  attn_mask=causal_mask(13) if causal else None)
+    got, expected = outputs_and_gradients(fused, x, **kwargs), outputs_and_gradients(plain, x, **kwargs)
+    spec = fused.spec
+    assert bool(gathered) == (name == "topk" or spec.selection_band is not None)
+    for a, b in zip(got, expected):
+        assert (a - b).abs().max() <= 1e-5
+
+
+def test_the_gpu_route_keeps_ties_up_to_its_spare_slots(gathered, gpu_route):
+    """Queries of zero tie every key. Up to k + TIE_SLOTS tied keys the result is the function's; a
+    query with more keeps k + TIE_SLOTS of them (the documented bound of the fixed-size route)."""
+    width = CASES["topk"].k + gathered_attention.TIE_SLOTS
+    fused, plain = module_pair("topk", self_attention=True)
+    for module in (fused, plain):
+        with torch.no_grad():
+            module.q_proj.weight.zero_(), module.q_proj.bias.zero_()
+    x = torch.randn(width + 2, 2, 16)
+    got = fused(x, x, x, attn_mask=causal_mask(width + 2), need_weights=False)[0]
+    expected = plain(x, x, x, attn_mask=causal_mask(width + 2), need_weights=False)[0]
+    assert gathered
+    assert (got[:width] - expected[:width]).abs().max() <= 1e-5  # query i sees i + 1 tied keys
+    assert (got[width:] - expected[width:]).abs().max() > 1e-3
+
+
+def test_banded_patterns_read_padding_anywhere(gathered, gpu_route):
+    """Real keys are numbered through a table, not from the first one: padding inside a sequence
+    (which fairseq never makes, but a caller may) is skipped as the function skips it."""
+    for name in ("window", "block", "dilated"):
+        fused, plain = module_pair(name, self_attention=True)
+        padding = torch.zeros(3, 11, dtype=torch.bool)
+        padding[0, 3:5], padding[1, ::3], padding[2, -2:] = True, True, True
+        x = torch.randn(11, 3, 16)
+        got = outputs_and_gradients(fused, x, key_padding_mask=padding)
+        expected = outputs_and_gradients(plain, x, key_padding_mask=padding)
+        for a, b in zip(got, expected):
+            assert (a - b).abs().max() <= 1e-5, name
+    assert gathered
+
+
+def test_every_banded_pattern_declares_how_many_keys_it_keeps():
+    """The GPU route sizes a banded pattern's slots by its selection_width: no query may select more."""
+    from fairseq_sparse.core.attention import attention_names, get_attention
+    from fairseq_sparse.core.attention.registry import AttentionContext
+
+    for name in attention_names():
+        spec = get_attention(name)
+        if spec.selection_band is None:
+            continue
+        assert spec.selection_width is not None, name
+        for k in (1, 2, 3, 5, 8):
+            for length in (1, 7, 20):
+                ctx = AttentionContext(k=k)
+                scores = torch.zeros(1, 1, length, length)
+                for mask in (None, torch.ones(length, length, dtype=torch.bool).triu(1)[None, None]):
+                    kept = (~spec.selection(scores, mask, ctx).expand_as(scores)).sum(-1)
+                    assert int(kept.max()) <= spec.selection_width(k), (name, k, length)

@@ -1,0 +1,58 @@
+"""Host synchronisations and dispatched operations per step, counted on the CPU along the route a GPU takes.
+
+No registered method (nor L0Drop's compressed memory) may add a host synchronisation to softmax's
+training step, at sentence level and on one 512-token sequence, or to its decoding step; the
+decoding steps of top-k, hard retrieval and L0Drop's compressed memory dispatch at most 1.05x
+softmax's operations.
+"""
+
+import pytest
+import torch
+
+from fairseq_sparse.bench import dispatch_counts
+from fairseq_sparse.bench.common import L0DROP
+from fairseq_sparse.core.attention import attention_names
+from fairseq_sparse.core.modules import gathered_attention
+
+ROWS = attention_names() + [L0DROP]
+
+
+@pytest.fixture(scope="module")
+def counts():
+    """Every row's steady-state counts, once for the module (a GPU's route: slots of fixed size)."""
+    original = gathered_attention.host_reads_values
+    gathered_attention.host_reads_values = lambda device: False
+    torch.set_num_threads(1)
+    try:
+        yield {row: dispatch_counts.count_rows(row, k=8, long=512) for row in ROWS}
+    finally:
+        gathered_attention.host_reads_values = original
+
+
+def test_the_counter_sees_a_synchronisation_and_boolean_indexing():
+    x = torch.randn(5)
+    assert len(dispatch_counts.count(lambda: bool(x.sum() > 0)).synchronisations) == 1
+    assert len(dispatch_counts.count(lambda: x[x > 0]).synchronisations) == 1
+    assert len(dispatch_counts.count(lambda: x.masked_fill(x > 0, 0.0)).synchronisations) == 0
+    counter = dispatch_counts.count(lambda: x.masked_fill(x > 0, 0.0))
+    assert counter.operations == 2 and counter.by_operation["aten.masked_fill"] == 1
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_no_method_adds_a_host_synchronisation(row, counts):
+    for step in counts["softmax"]:
+        extra = len(counts[row][step].synchronisations) - len(counts["softmax"][step].synchronisations)
+        assert extra <= 0, (step, counts[row][step].synchronisations)
+
+
+def test_softmax_has_only_fairseqs_own_synchronisations(counts):
+    """The plugin's own code reads nothing on the host in softmax's steps: what is left is stock
+    fairseq's (its padding checks and positional embeddings)."""
+    counter = dispatch_counts.count_rows("softmax", k=8, long=32, where=True)
+    for step in counter.values():
+        assert all("fairseq_sparse" not in place for place in step.synchronisations), step.synchronisations
+
+
+@pytest.mark.parametrize("row", ["topk", "hard", L0DROP])
+def test_decoding_steps_dispatch_about_as_many_operations_as_softmax(row, counts):
+    assert counts[row]["decode"].operations <= 1.05 * counts["softmax"]["decode"].operations

@@ -5,6 +5,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # one thread per worker (and per command a test runs): two 2-thread workers on 2 cores would fight
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
+# Triton's kernels (fairseq_sparse/core/kernels) run on the CPU through its interpreter, which Triton
+# chooses when a kernel is defined: set before anything imports them. On a machine with a GPU they
+# compile for it instead.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # tests import their shared helpers (attention_cases, helpers) as top-level modules
 sys.path.insert(0, os.path.dirname(__file__))
 

@@ -97,9 +97,10 @@ def test_no_import_cycle_in_the_package():
 
 
 def test_every_file_of_the_package_stays_small():
+    """A smell detector, not a rule to cut a concept by: a file past 400 lines probably holds two."""
     sizes = {str(path.relative_to(PACKAGE)): len(path.read_text(encoding="utf-8").splitlines())
              for path in PACKAGE.rglob("*.py")}
-    assert {name: lines for name, lines in sizes.items() if lines > 300} == {}
+    assert {name: lines for name, lines in sizes.items() if lines > 400} == {}
 
 
 def test_the_core_imports_nothing_of_the_tools_around_it():

@@ -139,16 +139,17 @@ def build(arch: str, dictionary: Dictionary, seed: int, device: str, **options):
 
 
 def build_row(row: str, arch: str, dictionary: Dictionary, seed: int, device: str, k: int,
-              batch: Dict[str, torch.Tensor], pruned: float):
+              batch: Dict[str, torch.Tensor], pruned: float, attn_impl: str = "auto"):
     """The model of one benchmark row and, for ``l0drop``, the fraction of ``batch``'s encodings it prunes.
 
     An attention function runs in ``row_sublayers(row)``; the ``l0drop`` row is the softmax
     model with L0Drop gates set by ``prune_fraction`` (it decodes from the compressed memory).
     """
     if row == L0DROP:
-        model = build(arch, dictionary, seed, device, l0drop=True)
+        model = build(arch, dictionary, seed, device, l0drop=True, attn_impl=attn_impl)
         return model, prune_fraction(model, batch, pruned, seed)
-    return build(arch, dictionary, seed, device, attn_k=k, **{f"{s}_attn_fn": row for s in row_sublayers(row)}), None
+    return build(arch, dictionary, seed, device, attn_k=k, attn_impl=attn_impl,
+                 **{f"{s}_attn_fn": row for s in row_sublayers(row)}), None
 
 
 def stock_architecture(arch: str) -> Tuple[str, Dict[str, Any]]:

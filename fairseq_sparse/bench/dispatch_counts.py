@@ -9,8 +9,10 @@ boolean indexing, ``masked_select``, ``unique``). The same Python runs on every 
 them on the CPU counts the stalls a GPU step would have; and a decoding step at sentence length is
 launch-bound on a GPU, so its number of operations is its cost there.
 
-    python -m fairseq_sparse.bench.dispatch_counts                       # every registered function
-    python -m fairseq_sparse.bench.dispatch_counts --functions softmax topk hard --where
+    TRITON_INTERPRET=1 python -m fairseq_sparse.bench.dispatch_counts     # every registered function
+    TRITON_INTERPRET=1 python -m fairseq_sparse.bench.dispatch_counts --functions softmax topk hard --where
+
+(TRITON_INTERPRET=1: the Triton kernels a GPU launches run, and are counted, through Triton's interpreter.)
 
 Rows: a training step (forward + backward of a small transformer_sparse model on a batch of
 sentences, and at --long tokens), and one incremental decoding step (batch x beam hypotheses, with
@@ -20,6 +22,7 @@ holds the criteria.
 """
 
 import argparse
+import sys
 import traceback
 from collections import Counter
 from typing import Callable, Dict, List, Optional
@@ -27,8 +30,10 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fairseq_sparse.bench.common import L0DROP, build_row, long_batch, make_batch, random_sentences, synthetic_dictionary
+from fairseq_sparse.bench.common import (L0DROP, build_row, long_batch, make_batch, random_sentences,
+                                         synthetic_dictionary)
 from fairseq_sparse.core.attention import attention_names
+from fairseq_sparse.core.kernels import rms_norm
 from fairseq_sparse.core.modules import gathered_attention
 
 aten = torch.ops.aten
@@ -153,6 +158,15 @@ def steady(step: Callable[[], None], where: bool = False) -> DispatchCounter:
     return count(step, where)
 
 
+def gpu_route() -> None:
+    """Take, on the CPU, the route a GPU takes: fixed-size gathered slots, the Triton kernels (interpreted)."""
+    gathered_attention.host_reads_values = lambda device: False
+    rms_norm.INTERPRETED_ON_CPU = rms_norm.triton is not None and rms_norm.INTERPRETED
+    if not rms_norm.INTERPRETED_ON_CPU:
+        print("note: the Triton kernels are counted as their eager twins (Triton missing, or TRITON_INTERPRET=1 "
+              "not set before the plugin was imported)", file=sys.stderr)
+
+
 def count_rows(row: str, k: int = 8, long: int = 512, where: bool = False) -> Dict[str, DispatchCounter]:
     """Steady-state counts of ``row``'s training step (sentences; one sequence of ``long`` tokens) and decoding step."""
     sentences = sentence_batch(8, 24)
@@ -173,11 +187,11 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Dict[str, DispatchCounte
     parser.add_argument("--where", action="store_true", help="print where each synchronisation happens")
     parser.add_argument("--cpu-route", action="store_true",
                         help="count the CPU's own route (the gathered path sizes its slots from values read on the host, "
-                             "free on a CPU); default: the route a GPU takes")
+                             "free on a CPU; eager norms); default: the route a GPU takes (Triton kernels interpreted)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if not args.cpu_route:
-        gathered_attention.host_reads_values = lambda device: False
+        gpu_route()
     rows = ["softmax"] + [name for name in dict.fromkeys(args.functions) if name != "softmax"]
     results = {row: count_rows(row, args.k, args.long, args.where) for row in rows}
     base = results["softmax"]

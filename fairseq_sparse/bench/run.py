@@ -58,7 +58,7 @@ import torch
 from fairseq.data import Dictionary
 
 import fairseq_sparse  # noqa: F401
-from fairseq_sparse.core.attention import attention_names
+from fairseq_sparse.core.attention import ATTN_IMPLS, attention_names
 from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, add_dtype_option, compare_models,
                                          load_binarised_pairs, make_batch, random_sentences, resolve_dtype,
                                          synthetic_dictionary)
@@ -93,6 +93,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=8, help="k for functions that take it")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     add_dtype_option(parser)
+    parser.add_argument("--attn-impl", choices=ATTN_IMPLS, default=ATTN_IMPLS[0],
+                        help="how the plugin's rows compute attention (the model option --attn-impl; default: %(default)s)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--gather-chunk-elements", type=int, metavar="N",
                         help="the gathered path's chunk budget on --device, in float32 entries (top-k and the "
@@ -154,7 +156,8 @@ def batches(args: argparse.Namespace) -> Tuple[Dictionary, Batch, torch.Tensor, 
     pad = dictionary.pad()
     logger.info(f"{args.arch}, large batch {len(large['src_tokens'])} sentences ({int(large['src_tokens'].ne(pad).sum())} "
                 f"source / {int(target.ne(pad).sum())} target tokens), {len(singles)} sentences at batch 1, "
-                f"{args.decode_len} forced steps, beam {args.beam}, device {args.device}, {args.dtype}, torch threads "
+                f"{args.decode_len} forced steps, beam {args.beam}, device {args.device}, {args.dtype}, --attn-impl "
+                f"{args.attn_impl}, torch threads "
                 f"{torch.get_num_threads()}, {'data ' + args.data if args.data else 'random tokens'}")
     return dictionary, large, target, singles
 

@@ -42,7 +42,8 @@ def build_models(rows: Sequence[str], args: argparse.Namespace, dictionary: Dict
     for row in rows:
         if row == FAIRSEQ:
             continue  # built from the softmax row's weights, below
-        model, pruned = build_row(row, args.arch, dictionary, args.seed, args.device, args.k, large, args.pruned)
+        model, pruned = build_row(row, args.arch, dictionary, args.seed, args.device, args.k, large, args.pruned,
+                                  args.attn_impl)
         train[row] = model
         # training moves the L0Drop gates: the l0drop row decodes with an untrained copy, at the share set
         decode[row] = model if pruned is None else copy.deepcopy(model)

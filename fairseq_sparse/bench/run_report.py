@@ -64,6 +64,7 @@ def throughput_table(results: Dict[str, Dict], args: argparse.Namespace, achieve
     lines = [
         "",
         f"## Throughput vs stock fairseq and vs softmax ({args.arch}, {args.device}, {args.dtype}, "
+        f"--attn-impl {args.attn_impl}, "
         f"torch threads {torch.get_num_threads()})",
         "",
         f"| function | sublayers | train ×fairseq | train ×softmax | decode batch 1 ×fairseq | decode batch 1 ×softmax "
@@ -119,7 +120,7 @@ def write_csv(path: str, results: Dict[str, Dict], args: argparse.Namespace, job
     """One row per benchmark row: ``JOB_ratio`` is against softmax, ``JOB_ratio_fairseq`` against stock fairseq."""
     fields = ["function", "sublayers"] + [f"{job}_{what}" for job in jobs
                                           for what in ("seconds", "per_second", "ratio", "ratio_fairseq")]
-    settings = {"device": args.device, "dtype": args.dtype, "arch": args.arch, "fairseq_arch": describe_stock_architecture(args.arch),
+    settings = {"device": args.device, "dtype": args.dtype, "attn_impl": args.attn_impl, "arch": args.arch, "fairseq_arch": describe_stock_architecture(args.arch),
                 "batch_size": args.batch_size, "single_sentences": args.single_sentences, "decode_len": args.decode_len,
                 "beam": args.beam, "repeats": args.repeats, "threads": torch.get_num_threads(),
                 "long_batch_size": args.long_batch_size,

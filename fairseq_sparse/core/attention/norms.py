@@ -6,6 +6,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ..kernels.rms_norm import runs_fused
+
 
 class RMSNorm(nn.Module):
     """RMSNorm (Zhang & Sennrich, 2019), optionally gated as in ReLA-g.
@@ -28,12 +30,20 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         if gain_init_bound is not None:
             nn.init.uniform_(self.weight, -gain_init_bound, gain_init_bound)
+        # may run as one kernel where no gradient is recorded (kernels.rms_norm); --attn-impl reference: never
+        self.kernel = True
         self.gate = None
         if gated:
             bound = math.sqrt(3.0 / dim)
             self.gate = nn.Parameter(torch.empty(dim).uniform_(-bound, bound))
 
+    def __setstate__(self, state):
+        state.setdefault("kernel", True)  # a module pickled before the kernel existed
+        super().__setstate__(state)
+
     def forward(self, x: Tensor) -> Tensor:
+        if not torch.jit.is_scripting() and self.kernel and not torch.is_grad_enabled() and self._runs_fused(x):
+            return self._fused(x)
         xf = x.float()
         mean_square = xf.pow(2).mean(dim=-1, keepdim=True)
         inverse_rms = torch.rsqrt(mean_square + self.eps)
@@ -43,3 +53,12 @@ class RMSNorm(nn.Module):
         if self.gate is not None:
             y = y * torch.sigmoid(self.gate.float() * xf)
         return y.type_as(x)
+
+    @torch.jit.unused
+    def _runs_fused(self, x: Tensor) -> bool:
+        return runs_fused(x.device)
+
+    @torch.jit.unused
+    def _fused(self, x: Tensor) -> Tensor:
+        """One kernel where no gradient is recorded (decoding): ``kernels.rms_norm``."""
+        return torch.ops.fairseq_sparse.rms_norm(x, self.weight, self.gate, self.eps)

@@ -54,6 +54,10 @@ AttentionOutput = Tuple[Tensor, Optional[Tensor]]
 DEFAULT_K = 8
 # How hard retrieval picks its key in training: sample from the softmax (the paper) or take its argmax.
 HARD_TRAIN_CHOICES = ("sample", "argmax")
+# How an attention module computes its method (--attn-impl): auto, the fastest path of the device that
+# equals the method (fused kernels, query chunks, gathered keys, Triton kernels); reference, the
+# registered function over (T, S) float32 scores everywhere (the definition, for checking a result).
+ATTN_IMPLS = ("auto", "reference")
 
 
 class AttentionContext:
@@ -197,6 +201,12 @@ def check_hard_train(choice: str) -> str:
     """Validate how hard retrieval picks its key in training."""
     if choice not in HARD_TRAIN_CHOICES:
         raise UsageError(f"--hard-train must be one of {', '.join(HARD_TRAIN_CHOICES)}, got {choice!r}")
+    return choice
+
+
+def check_attn_impl(choice: str) -> str:
+    if choice not in ATTN_IMPLS:
+        raise UsageError(f"--attn-impl must be one of {', '.join(ATTN_IMPLS)}, got {choice!r}")
     return choice
 
 

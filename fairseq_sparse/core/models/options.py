@@ -14,7 +14,8 @@ from typing import Callable, List, Optional, Sequence, Union
 from fairseq import utils
 
 from ..errors import UsageError
-from ..attention import DEFAULT_K, HARD_TRAIN_CHOICES, attention_names, check_hard_train, check_k, get_attention
+from ..attention import (ATTN_IMPLS, DEFAULT_K, HARD_TRAIN_CHOICES, attention_names, check_attn_impl, check_hard_train,
+                         check_k, get_attention)
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from ..modules.l0drop import GATE_INITS, check_gate_init
 from ..modules.prune_patterns import PATTERNS, check_pattern
@@ -61,6 +62,10 @@ class SparseModelOptions:
                          type=positive_int, metavar="K")
     hard_train: str = option(HARD_TRAIN_CHOICES[0], "how hard retrieval attention picks its key in training: sample from "
                              "the softmax (the paper) or take its argmax", choices=HARD_TRAIN_CHOICES)
+    attn_impl: str = option(ATTN_IMPLS[0], "how attention is computed: auto (the fastest path of the device that equals "
+                            "the method: fused kernels, query chunks recomputed in the backward pass, gathered keys, "
+                            "Triton kernels) or reference (each method's registered function over (T, S) float32 "
+                            "scores everywhere, the definition; for checking a result)", choices=ATTN_IMPLS)
     attn_pattern_seed: int = option(DEFAULT_PATTERN_SEED, "seed of the random key choice of random/bigbird attention",
                                     type=int, metavar="N")
     l0drop: bool = option(False, "L0Drop: hard-concrete gates on the encoder outputs (train with "
@@ -154,6 +159,7 @@ class SparseModelOptions:
                 check_k(sublayer_k, f"--{sublayer}-attn-k")
         check_k(self.attn_k, "--attn-k")
         check_hard_train(self.hard_train)
+        check_attn_impl(self.attn_impl)
         check_gate_init(self.l0drop_gate_init)
         if self.encoder_prune_pattern is not None:
             check_pattern(self.encoder_prune_pattern)

@@ -30,7 +30,8 @@ from torch import Tensor
 
 from ..errors import UsageError
 from ..attention import (
-    DEFAULT_K, HARD_TRAIN_CHOICES, AttentionContext, check_hard_train, check_k, function_module, get_attention,
+    ATTN_IMPLS, DEFAULT_K, HARD_TRAIN_CHOICES, AttentionContext, check_attn_impl, check_hard_train, check_k,
+    function_module, get_attention,
 )
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from .attention_masks import as_bool, combine_masks
@@ -54,6 +55,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         attn_k: int = DEFAULT_K,
         hard_train: str = HARD_TRAIN_CHOICES[0],
         pattern_seed: int = DEFAULT_PATTERN_SEED,
+        impl: str = ATTN_IMPLS[0],
         **kwargs,
     ):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
@@ -73,6 +75,9 @@ class SparseMultiheadAttention(MultiheadAttention):
             self.spec.build_output_norm(embed_dim, self.head_dim) if self.spec.build_output_norm else None
         )
         self.head_params = self.spec.build_head_params(num_heads) if self.spec.build_head_params else None
+        self.impl = check_attn_impl(impl)
+        if self.impl == "reference" and self.output_norm is not None and hasattr(self.output_norm, "kernel"):
+            self.output_norm.kernel = False
         # what a scripted forward reads of the spec (TorchScript cannot read the spec itself)
         self.attention_function = function_module(self.spec)
         self.uses_positions = self.spec.uses_positions
@@ -94,12 +99,14 @@ class SparseMultiheadAttention(MultiheadAttention):
         return state
 
     def __setstate__(self, state):
+        state.setdefault("impl", ATTN_IMPLS[0])  # a module pickled before --attn-impl existed
         super().__setstate__(state)
         self.spec = get_attention(self.attn_fn)
 
     def extra_repr(self) -> str:
         k = f", k={self.attn_k}" if self.spec.uses_k else ""
-        return f"attn_fn={self.attn_fn}{k}, heads={self.num_heads}"
+        impl = f", impl={self.impl}" if self.impl != ATTN_IMPLS[0] else ""
+        return f"attn_fn={self.attn_fn}{k}, heads={self.num_heads}{impl}"
 
     def set_beam_size(self, beam_size: int) -> None:
         # The cache keeps one row per hypothesis (no beam folding: functions see plain
@@ -226,6 +233,8 @@ class SparseMultiheadAttention(MultiheadAttention):
         # One query per call (incremental decoding) has no (T, S) matrix to save: the plain
         # function is as lean and, measured on CPU, faster than the fused kernel there.
         if torch.jit.is_scripting():
+            out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
+        elif self.impl == "reference":
             out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
         elif self.spec.selection is not None and not need_weights and tgt_len > 1:
             out, weights = selected_softmax(self, q, k, v, ctx, (attn_mask, key_padding_mask)), None

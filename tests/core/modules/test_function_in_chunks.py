@@ -155,3 +155,45 @@ def test_half_precision_chunks_are_close_to_float32(name, dtype, chunked, monkey
     out.float().sum().backward()
     assert chunked and out.dtype == dtype and torch.isfinite(out).all() and torch.isfinite(inputs.grad).all()
     assert (out.float() - expected).abs().max() <= 0.1
+
+
+def test_attn_impl_reference_runs_the_registered_function_everywhere(monkeypatch, chunked):
+    """--attn-impl reference: no chunks, no fused kernel, no gathered keys; the same result."""
+    from fairseq_sparse.core.modules import fused_softmax
+
+    calls = []
+    original = fused_softmax.F.scaled_dot_product_attention
+    monkeypatch.setattr(fused_softmax.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    x = torch.randn(9, 2, 16)
+    for name in ("rela_g", "softmax", "topk"):
+        auto = build(name, self_attention=True)
+        reference = build(name, self_attention=True, impl="reference")
+        assert "impl=reference" in repr(reference)
+        assert reference.output_norm is None or not reference.output_norm.kernel
+        expected = outputs_and_gradients(auto, 3, x, attn_mask=causal_mask(9))
+        before = (len(chunked), len(calls))
+        got = outputs_and_gradients(reference, 3, x, attn_mask=causal_mask(9))
+        assert (len(chunked), len(calls)) == before, f"{name}: --attn-impl reference took a fast path"
+        for a, b in zip(got, expected):
+            assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max())
+    assert chunked and calls, "auto took its fast paths"
+
+
+@pytest.mark.parametrize("checkpoint_activations", [False, True], ids=["plain", "checkpoint-activations"])
+def test_a_whole_model_in_chunks_equals_the_plain_model(checkpoint_activations, monkeypatch):
+    """Every sublayer in chunks, also inside fairseq's --checkpoint-activations (its recomputation
+    wraps ours): logits and every parameter's gradient as without chunks."""
+    from helpers import build_model, random_batch
+
+    results = []
+    for budget in (10**9, 50):
+        monkeypatch.setitem(function_in_chunks.FUNCTION_CHUNK_ELEMENTS, "cpu", budget)
+        model = build_model(encoder_attn_fn="rela_g", decoder_attn_fn="entmax15", cross_attn_fn="hard", hard_train="argmax",
+                            checkpoint_activations=checkpoint_activations, seed=3).train()
+        logits, _ = model(**random_batch(lengths=[7, 4, 9], tgt_lengths=[6, 3, 5], seed=7))
+        logits.float().logsumexp(-1).sum().backward()
+        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (plain, plain_grads), (chunked, chunked_grads) = results
+    assert (plain - chunked).abs().max() <= 1e-5 and plain_grads.keys() == chunked_grads.keys()
+    for name, grad in plain_grads.items():
+        assert (grad - chunked_grads[name]).abs().max() <= 1e-4 * max(1.0, grad.abs().max()), name

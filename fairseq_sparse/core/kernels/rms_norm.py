@@ -22,6 +22,8 @@ try:
     import triton.language as tl
 except ImportError:  # Triton is optional: the eager norm runs everywhere without it
     triton = None
+if not hasattr(torch.library, "custom_op"):  # torch < 2.4 (setup.py admits 2.1): no kernel, the eager norm
+    triton = None
 
 # The CPU runs the kernel only under Triton's interpreter, which Triton chooses when the kernel is
 # defined (TRITON_INTERPRET=1 before this module is imported), and when asked (the tests): the
@@ -56,7 +58,6 @@ if triton is not None:
         tl.store(out_ptr + row * out_row_stride + columns, y.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-@torch.library.custom_op("fairseq_sparse::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, weight: Tensor, gate: Optional[Tensor], eps: float) -> Tensor:
     """RMSNorm over the last dimension of ``x`` with gain ``weight`` and, if given, ReLA-g's gate; x's dtype."""
     rows = x.reshape(-1, x.size(-1))
@@ -71,6 +72,10 @@ def rms_norm(x: Tensor, weight: Tensor, gate: Optional[Tensor], eps: float) -> T
     return out.view(x.shape)
 
 
-@rms_norm.register_fake
-def _(x: Tensor, weight: Tensor, gate: Optional[Tensor], eps: float) -> Tensor:
+def _rms_norm_shape(x: Tensor, weight: Tensor, gate: Optional[Tensor], eps: float) -> Tensor:
     return torch.empty_like(x)
+
+
+if triton is not None:
+    rms_norm = torch.library.custom_op("fairseq_sparse::rms_norm", mutates_args=())(rms_norm)
+    rms_norm.register_fake(_rms_norm_shape)

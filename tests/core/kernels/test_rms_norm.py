@@ -77,15 +77,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from fairseq_sparse.core.kernels.rms_norm import _rms_norm_rows
+# activations and parameters alike (fairseq's --fp16 / --bf16 models), or half activations with float32 parameters
 for arch in (80, 90):
-    for dtype in ("fp32", "bf16", "fp16"):
+    for dtype, param in (("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp32"), ("fp16", "fp32")):
         for gated in (False, True):
-            signature = {"x_ptr": f"*{dtype}", "weight_ptr": "*fp32", "gate_ptr": "*fp32", "out_ptr": f"*{dtype}",
+            signature = {"x_ptr": f"*{dtype}", "weight_ptr": f"*{param}", "gate_ptr": f"*{param}", "out_ptr": f"*{dtype}",
                          "dim": "i32", "eps": "fp32", "x_row_stride": "i32", "out_row_stride": "i32",
                          "GATED": "constexpr", "BLOCK": "constexpr"}
             source = ASTSource(fn=_rms_norm_rows, signature=signature, constexprs={"GATED": gated, "BLOCK": 512})
             compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32))
-            assert compiled.asm["ptx"], (arch, dtype, gated)
+            assert compiled.asm["ptx"], (arch, dtype, param, gated)
 print("compiled")
 """
 

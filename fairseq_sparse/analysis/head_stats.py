@@ -10,6 +10,7 @@ import torch
 
 from . import SUBLAYERS, diversity, zero_weights
 from .collect import batches
+from ..core.attention import get_attention
 
 
 def zero_weight_rows(model, task, args: argparse.Namespace) -> List[dict]:
@@ -33,8 +34,9 @@ def zero_weight_rows(model, task, args: argparse.Namespace) -> List[dict]:
 
 
 def renormalised(mode: str, attn_fn: str) -> bool:
-    """Whether rows of ``attn_fn`` are re-normalised with softmax (--renormalise; auto: the ReLA family)."""
-    return mode == "always" or (mode == "auto" and attn_fn.startswith("rela"))
+    """Whether rows of ``attn_fn`` are re-normalised with softmax (--renormalise; auto: functions whose
+    weights are not probabilities, the ReLA family and its ablations)."""
+    return mode == "always" or (mode == "auto" and not get_attention(attn_fn).weights_are_probabilities)
 
 
 def diversity_rows(model, task, args: argparse.Namespace) -> List[dict]:

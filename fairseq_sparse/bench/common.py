@@ -22,8 +22,6 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_sparse.core.models.options import SUBLAYERS
 from fairseq_sparse.core.modules.l0drop import GAMMA, ZETA
 
-# Where each method runs: its paper's placement (hard retrieval: decoder self + cross).
-PLACEMENT = {"hard": ("decoder", "cross")}
 # The benchmark row of the softmax model with L0Drop gates, decoded from the compressed memory.
 L0DROP = "l0drop"
 # The benchmark row of stock fairseq's own Transformer (fairseq.models.transformer and
@@ -67,19 +65,13 @@ def resolve_dtype(args: argparse.Namespace) -> torch.dtype:
     return DTYPES[args.dtype]
 
 
-def placement(fn: str, self_only: bool) -> Tuple[str, ...]:
-    """Sublayers ``fn`` runs in: its paper's placement, never cross-attention for a self-attention-only pattern."""
-    sublayers = PLACEMENT.get(fn, SUBLAYERS)
-    return tuple(s for s in sublayers if not (self_only and s == "cross"))
-
-
 def row_sublayers(row: str) -> Tuple[str, ...]:
     """Sublayers a benchmark row runs its attention function in (the ``l0drop`` row: softmax everywhere)."""
     from fairseq_sparse.core.attention import get_attention
 
     if row == L0DROP:
         return SUBLAYERS
-    return placement(row, get_attention(row).self_attention_only)
+    return get_attention(row).sublayers
 
 
 class DictionaryTask:

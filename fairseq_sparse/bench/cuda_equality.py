@@ -24,7 +24,7 @@ from typing import Dict, List
 import torch
 
 import fairseq_sparse  # noqa: F401
-from fairseq_sparse.core.attention import attention_names
+from fairseq_sparse.core.attention import DEFAULT_K, attention_names
 from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, build, build_row, build_stock_reference,
                                          make_batch, random_sentences, row_sublayers, synthetic_dictionary)
 
@@ -41,7 +41,7 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--src-len", type=int, default=24, help="max length of the random sentences (min is half)")
     parser.add_argument("--vocab", type=int, default=1000)
-    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--k", type=int, default=DEFAULT_K)
     parser.add_argument("--pruned", "--sparsity", type=float, default=0.45, help="fraction of source encodings the L0Drop rows prune")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest max abs logit difference that passes")
     parser.add_argument("--seed", type=int, default=1)

@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq_sparse.bench.common import (L0DROP, build_row, long_batch, make_batch, random_sentences,
                                          synthetic_dictionary)
-from fairseq_sparse.core.attention import attention_names
+from fairseq_sparse.core.attention import DEFAULT_K, attention_names
 from fairseq_sparse.core.kernels import rms_norm
 from fairseq_sparse.core.modules import gathered_attention
 
@@ -167,7 +167,7 @@ def gpu_route() -> None:
               "not set before the plugin was imported)", file=sys.stderr)
 
 
-def count_rows(row: str, k: int = 8, long: int = 512, where: bool = False) -> Dict[str, DispatchCounter]:
+def count_rows(row: str, k: int = DEFAULT_K, long: int = 512, where: bool = False) -> Dict[str, DispatchCounter]:
     """Steady-state counts of ``row``'s training step (sentences; one sequence of ``long`` tokens) and decoding step."""
     sentences = sentence_batch(8, 24)
     model = row_model(row, k, sentences)
@@ -182,7 +182,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Dict[str, DispatchCounte
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--functions", nargs="+", default=attention_names() + [L0DROP],
                         help=f"attention functions, and '{L0DROP}' (softmax with L0Drop's compressed memory); default: all")
-    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--k", type=int, default=DEFAULT_K)
     parser.add_argument("--long", type=int, default=512, help="tokens of the long training step's one sequence")
     parser.add_argument("--where", action="store_true", help="print where each synchronisation happens")
     parser.add_argument("--cpu-route", action="store_true",

@@ -10,7 +10,6 @@ from typing import Dict, List, Optional, Sequence
 
 import fairseq_sparse
 from fairseq_sparse.core.attention import attention_names, get_attention
-from fairseq_sparse.bench.common import placement
 
 # the directory holding this package (a checkout or site-packages): every step imports the same plugin
 PACKAGE_PARENT = Path(fairseq_sparse.__file__).resolve().parents[1]
@@ -72,8 +71,7 @@ def train_rows() -> Dict[str, List[str]]:
     """fairseq-train options choosing each row's attention: every registered function, then the L0Drop rows."""
     rows = {}
     for fn in attention_names():
-        spec = get_attention(fn)
-        options = [f"--{sublayer}-attn-fn={fn}" for sublayer in placement(fn, spec.self_attention_only)]
+        options = [f"--{sublayer}-attn-fn={fn}" for sublayer in get_attention(fn).sublayers]
         rows[fn] = options + ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
     rows.update(L0DROP_ROWS)
     return rows
@@ -83,7 +81,7 @@ def row_placement(row: str) -> str:
     """Where a training row's attention runs, in words."""
     if row in L0DROP_ROWS:
         return "softmax everywhere, " + ("gates after every encoder layer" if "every" in row else "gates on encoder outputs")
-    return "+".join(placement(row, get_attention(row).self_attention_only))
+    return "+".join(get_attention(row).sublayers)
 
 
 def data_step(data: Path, train_pairs: int) -> Step:

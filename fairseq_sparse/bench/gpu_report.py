@@ -8,7 +8,7 @@ On a machine with a CUDA device it runs, in this order:
 2. data: a tiny synthetic copy-task bitext, binarised with ``fairseq-preprocess``
    (``python -m fairseq_cli.preprocess``);
 3. train: for every registered attention function (placed where its paper puts it, as
-   ``fairseq_sparse.bench.common.placement`` says), for L0Drop and for L0Drop with
+   ``AttentionSpec.sublayers`` in the registry says), for L0Drop and for L0Drop with
    ``--l0drop-every-layer``, a few updates of real ``fairseq-train``
    (``python -m fairseq_cli.train``) with ``--fp16`` and with ``--bf16``; a run passes if it
    exits 0, every logged training loss is finite and the last logged loss is below the

@@ -41,7 +41,7 @@ from fairseq.modules import MultiheadAttention
 from torch.profiler import ProfilerActivity, profile
 
 import fairseq_sparse  # noqa: F401  (registers the functions)
-from fairseq_sparse.core.attention import attention_names, get_attention
+from fairseq_sparse.core.attention import DEFAULT_K, attention_names, get_attention
 from fairseq_sparse.bench.common import DTYPES, FAIRSEQ, add_dtype_option, resolve_dtype
 from fairseq_sparse.core.modules.gathered_attention import GATHER_CHUNK_ELEMENTS
 from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
@@ -148,7 +148,7 @@ def main(argv: List[str] = None) -> Dict[int, Dict[str, Dict[str, float]]]:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--embed-dim", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--k", type=int, default=8, help="attended positions for functions that take k (default: %(default)s)")
+    parser.add_argument("--k", type=int, default=DEFAULT_K, help="attended positions for functions that take k (default: %(default)s)")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="attention dropout of every row, active in the passes (default: %(default)s)")
     parser.add_argument("--causal", action="store_true", help="decoder self-attention: mask future keys")
@@ -168,7 +168,7 @@ def main(argv: List[str] = None) -> Dict[int, Dict[str, Dict[str, float]]]:
     for name in rows[1:]:
         if name not in attention_names():
             parser.error(f"unknown attention function {name!r}; valid choices: {FAIRSEQ}, {', '.join(attention_names())}")
-        if get_attention(name).build_head_params or get_attention(name).build_output_norm:
+        if get_attention(name).owns_parameters:
             print(f"note: {name} owns parameters of its own; they are counted as its inputs", file=sys.stderr)
     if any(length < 1 for length in args.lengths):
         parser.error("--lengths must be positive")

@@ -39,6 +39,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import fairseq_sparse  # noqa: F401
 from fairseq_sparse.bench.common import build_row, forced_length_decoder, make_batch, random_sentences, synthetic_dictionary
+from fairseq_sparse.core.attention import DEFAULT_K
 from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 
 logging.basicConfig(level=logging.WARNING, force=True)
@@ -69,7 +70,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--functions", nargs="+", default=["softmax", "hard", "topk", "rela_g"])
     parser.add_argument("--arch", default="transformer_sparse_iwslt_de_en")
-    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--k", type=int, default=DEFAULT_K)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int)
     parser.add_argument("--batch-size", type=int, default=32, help="sentences decoded in one batch")

@@ -58,7 +58,7 @@ import torch
 from fairseq.data import Dictionary
 
 import fairseq_sparse  # noqa: F401
-from fairseq_sparse.core.attention import ATTN_IMPLS, attention_names
+from fairseq_sparse.core.attention import ATTN_IMPLS, DEFAULT_K, attention_names
 from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, add_dtype_option, compare_models,
                                          load_binarised_pairs, make_batch, random_sentences, resolve_dtype,
                                          synthetic_dictionary)
@@ -90,7 +90,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--arch", default="transformer_sparse_iwslt_de_en",
                         help=f"a transformer_sparse architecture with a stock fairseq counterpart: "
                              f"{', '.join(sorted(STOCK_ARCHITECTURES))} (default: %(default)s)")
-    parser.add_argument("--k", type=int, default=8, help="k for functions that take it")
+    parser.add_argument("--k", type=int, default=DEFAULT_K, help="k for functions that take it")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     add_dtype_option(parser)
     parser.add_argument("--attn-impl", choices=ATTN_IMPLS, default=ATTN_IMPLS[0],

@@ -1,10 +1,16 @@
-# importing a method's module registers its functions
-from . import entmax_family, functions, hard_retrieval, rela, structured  # noqa: F401
+"""The registry of attention functions and one module per method family. Importing a method's module
+registers its functions, and every module of this package is imported here: a new method is one new
+file, with no edit elsewhere."""
+
+import importlib
+import pkgutil
+
 from .functions import register_selection  # noqa: F401
 from .registry import (  # noqa: F401
     ATTN_IMPLS,
     DEFAULT_K,
     HARD_TRAIN_CHOICES,
+    SUBLAYERS,
     AttentionContext,
     AttentionSpec,
     attention_names,
@@ -15,3 +21,6 @@ from .registry import (  # noqa: F401
     get_attention,
     register_attention,
 )
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

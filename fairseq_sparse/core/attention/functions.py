@@ -131,7 +131,8 @@ def softmax_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ct
     return attend(weights, values, ctx), weights
 
 
-@register_attention("topk", uses_k=True, supports_key_counts=True, selection=topk_selection, selection_reads_scores=True)
+@register_attention("topk", uses_k=True, supports_key_counts=True, selection=topk_selection, selection_reads_scores=True,
+                    selection_is_top_k=True)
 def topk_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
     """Explicit sparse attention: softmax over the k largest scores of each query (Zhao et al., 2019)."""
     key_counts = ctx.key_counts

@@ -80,7 +80,8 @@ def _sampled_rows(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: A
 
 
 # Counts need no handling: c identical keys have one argmax value and one value row.
-@register_attention("hard", uses_hard_train=True, supports_key_counts=True, ties_to_first_key=True)
+@register_attention("hard", uses_hard_train=True, supports_key_counts=True, ties_to_first_key=True,
+                    placement=("decoder", "cross"))
 def hard_retrieval_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
     """Hard retrieval attention: each head reads exactly one value row (Xu et al., 2021).
 

@@ -103,11 +103,24 @@ class AttentionContext:
         self.key_counts = key_counts
 
 
+# The sublayers of a transformer, in fairseq's order.
+SUBLAYERS = ("encoder", "decoder", "cross")
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     name: str
     fn: Callable[[Tensor, Tensor, Optional[Tensor], AttentionContext], AttentionOutput]
     uses_k: bool = False
+    # Where its paper puts it (the benchmarks' and the GPU report's rows; hard retrieval: decoder self + cross).
+    # A self-attention-only function never sits in cross-attention, whatever this says.
+    placement: Tuple[str, ...] = SUBLAYERS
+    # Each query's weights sum to 1 (0 with no key left); False for ReLA and its ablations, whose rows are
+    # rectified scores (the analysis re-normalises them before comparing distributions).
+    weights_are_probabilities: bool = True
+    # Its selection is the k largest visible scores of each query (top-k): the gathered path finds them
+    # with one torch.topk per chunk instead of evaluating the selection over every key.
+    selection_is_top_k: bool = False
     # reads ctx.hard_train (--hard-train) / ctx.seed (--attn-pattern-seed): otherwise those options are ignored
     uses_hard_train: bool = False
     uses_pattern_seed: bool = False
@@ -139,6 +152,16 @@ class AttentionSpec:
     # False for functions of libraries that TorchScript cannot compile (the entmax package)
     scriptable: bool = True
     description: str = ""
+
+    @property
+    def owns_parameters(self) -> bool:
+        """It builds modules of its own (ReLA's output norm, alpha-entmax's alphas)."""
+        return self.build_output_norm is not None or self.build_head_params is not None
+
+    @property
+    def sublayers(self) -> Tuple[str, ...]:
+        """Where it runs in the benchmarks: its paper's placement, never cross-attention if self-attention only."""
+        return tuple(s for s in self.placement if not (self.self_attention_only and s == "cross"))
 
 
 _REGISTRY: Dict[str, AttentionSpec] = {}

@@ -66,4 +66,5 @@ _RELA_VARIANTS = {
     "rela_g_leaky_relu": (F.leaky_relu, _gated_rmsnorm, "ReLA-g with leaky ReLU in place of ReLU [10]."),
 }
 for _name, (_activation, _norm, _doc) in _RELA_VARIANTS.items():
-    register_attention(_name, build_output_norm=_norm, supports_key_counts=True)(_rectified(_activation, _doc))
+    register_attention(_name, build_output_norm=_norm, supports_key_counts=True, weights_are_probabilities=False)(
+        _rectified(_activation, _doc))

@@ -14,13 +14,12 @@ from typing import Callable, List, Optional, Sequence, Union
 from fairseq import utils
 
 from ..errors import UsageError
-from ..attention import (ATTN_IMPLS, DEFAULT_K, HARD_TRAIN_CHOICES, attention_names, check_attn_impl, check_hard_train,
-                         check_k, get_attention)
+from ..attention import (ATTN_IMPLS, DEFAULT_K, HARD_TRAIN_CHOICES, SUBLAYERS, attention_names, check_attn_impl,  # noqa: F401
+                         check_hard_train, check_k, get_attention)
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from ..modules.l0drop import GATE_INITS, check_gate_init
 from ..modules.prune_patterns import PATTERNS, check_pattern
 
-SUBLAYERS = ("encoder", "decoder", "cross")
 
 
 def positive_int(text: str) -> int:

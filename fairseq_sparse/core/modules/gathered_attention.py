@@ -287,7 +287,7 @@ def plan_gathered(spec, q: Tensor, k: Tensor, ctx, causal: bool, mask_rows: Call
     """
     bsz, heads, num_queries, head_dim = q.shape
     num_keys = k.size(2)
-    if spec.name == "topk":
+    if spec.selection_is_top_k:
         width = min(ctx.k, num_keys)
         rows = query_chunks(num_queries, max(bsz * heads * num_keys, bsz * heads * width * head_dim), q.device)
         select = lambda r: topk_selection(q, k, r, mask_rows(r), ctx.k, scale, causal)  # noqa: E731

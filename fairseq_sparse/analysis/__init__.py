@@ -7,4 +7,4 @@ each subcommand's computation over a split is in ``head_stats`` (zero weights, d
 CSV and PNG (with ``report``'s tables and plots); ``cli`` parses the command line and dispatches.
 """
 
-from fairseq_sparse.core.models.options import SUBLAYERS  # noqa: F401  (encoder self-, decoder self-, cross)
+from fairseq_sparse.core.attention import SUBLAYERS  # noqa: F401  (encoder self-, decoder self-, cross)

@@ -19,7 +19,7 @@ from fairseq.data.data_utils import collate_tokens
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_sparse.core.models.options import SUBLAYERS
+from fairseq_sparse.core.attention import SUBLAYERS
 from fairseq_sparse.core.modules.l0drop import GAMMA, ZETA
 
 # The benchmark row of the softmax model with L0Drop gates, decoded from the compressed memory.

@@ -111,7 +111,9 @@ def read_pairs(found: Dict[Raw, Path], pairs: Sequence[Pair], job: Job) -> Itera
 
 def write_raw_split(job: Job, found: Dict[Raw, Path], split: str, tmp: Path) -> None:
     """The raw sentences of ``split``, white space folded, into ``tmp/{split}.raw.{lang}`` (kept
-    for the references); training pairs with an empty side are dropped."""
+    for the references); training pairs with an empty side are dropped. A split left with no pair
+    is refused, naming its raw files: fairseq-train would fail on it much later, with a traceback."""
+    written = 0
     with open(tmp / f"{split}.raw.{job.src}", "w", encoding="utf-8") as fs, \
             open(tmp / f"{split}.raw.{job.tgt}", "w", encoding="utf-8") as ft:
         for x, y in read_pairs(found, job.corpora[split], job):
@@ -120,6 +122,11 @@ def write_raw_split(job: Job, found: Dict[Raw, Path], split: str, tmp: Path) -> 
                 continue
             fs.write(x + "\n")
             ft.write(y + "\n")
+            written += 1
+    if written == 0:
+        files = ", ".join(str(found[raw]) for pair in job.corpora[split] for raw in pair)
+        raise PrepError(f"{job.name}: the {split} split has no sentence pair"
+                        f"{' with text on both sides' if split == 'train' else ''} in {files}")
 
 
 def preprocessing_mode(job: Job, split: str) -> str:

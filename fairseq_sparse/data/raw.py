@@ -11,12 +11,16 @@ references silently).
 import codecs
 import gzip
 import html
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 from fairseq_sparse.data.errors import PrepError
+
+logger = logging.getLogger("fairseq_sparse.data")
+BYTE_ORDER_MARK = "\ufeff"
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,8 @@ def check_encoding(encoding: str) -> str:
 
 
 def raw_lines(path: Path, encoding: str = "utf-8", newline: Optional[str] = None) -> Iterator[str]:
-    """The lines of a raw text file (``.gz`` allowed), decoded strictly.
+    """The lines of a raw text file (``.gz`` allowed), decoded strictly; a byte-order mark at its start
+    is dropped (and logged).
 
     An undecodable byte is never replaced (a wrongly encoded file would otherwise corrupt the
     data and the BLEU references silently): preparation stops with one message naming the
@@ -53,6 +58,15 @@ def raw_lines(path: Path, encoding: str = "utf-8", newline: Optional[str] = None
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", encoding=encoding, newline=newline) as f:
+            first = next(f, None)
+            if first is None:
+                return
+            if first.startswith(BYTE_ORDER_MARK):
+                # an encoding's signature (Windows editors write one), not text: kept, it would glue
+                # itself to the first token and hide an IWSLT metadata line's tag from the reader
+                logger.info("%s starts with a byte-order mark (U+FEFF): read without it", path)
+                first = first[len(BYTE_ORDER_MARK):]
+            yield first
             yield from f
     except UnicodeDecodeError as err:
         line = _first_undecodable_line(path, encoding)

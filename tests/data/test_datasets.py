@@ -415,3 +415,40 @@ def test_raw_text_decodes_in_the_given_encoding_or_names_the_line(tmp_path):
         list(raw.read_raw(zipped, "plain"))
     with pytest.raises(errors.PrepError, match="--encoding utf-9: not a text encoding"):
         raw.check_encoding("utf-9")
+
+
+def test_a_byte_order_mark_is_dropped_not_glued_to_the_first_token(tmp_path, caplog):
+    """An IWSLT train.tags file saved with a BOM: its first (metadata) line stays metadata, and a plain
+    file's first token stays itself; the log says which file had one."""
+    tags = tmp_path / "train.tags.de-en.de"
+    tags.write_text("\ufeff<url>http://x</url>\nHallo Welt\n", encoding="utf-8")
+    plain = tmp_path / "test.de"
+    plain.write_text("\ufeffEins zwei\ndrei\n", encoding="utf-8")
+    with caplog.at_level("INFO", logger="fairseq_sparse.data"):
+        assert list(raw.read_raw(tags, "tags")) == ["Hallo Welt"]
+        assert list(raw.read_raw(plain, "plain")) == ["Eins zwei", "drei"]
+    assert f"{plain} starts with a byte-order mark" in caplog.text
+    empty = tmp_path / "empty.de"
+    empty.write_text("", encoding="utf-8")
+    assert list(raw.read_raw(empty, "plain")) == []
+
+
+@pytest.mark.parametrize("side", ["both", "one"])
+def test_an_empty_training_split_is_one_clear_message(side, tmp_path, capsys):
+    """Raw training files with no pair left (empty, or every pair with an empty side) stop preparation
+    with one line naming the files, before anything is binarised."""
+    script, extra, writer, pair = CASES["iwslt14.de-en"]
+    raw_dir = writer(tmp_path / "raw")
+    train = sorted(p for p in raw_dir.rglob("train.tags.*") if p.is_file())
+    assert len(train) == 2, train
+    if side == "both":
+        for path in train:
+            path.write_text("<url>x</url>\n" * 3, encoding="utf-8")
+    else:  # one side's sentences all empty, as many as the other side's
+        train[0].write_text("\n" * len(list(raw.read_raw(train[1], "tags"))), encoding="utf-8")
+    out = tmp_path / "out"
+    rc = SCRIPTS[script].main(["--raw", str(raw_dir), "--out", str(out), *extra])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("error:") == 1 and "Traceback" not in err, err
+    assert "the train split has no sentence pair" in err and train[0].name in err
+    assert not list(out.rglob("*.bin"))

@@ -77,8 +77,11 @@ def expected_open_rate(expected_l0: Tensor, padding: Optional[Tensor], normaliza
     lengths = real.sum(dim=1)
     if check_normalization(normalization) == "token":
         return open_gates.sum() / lengths.sum().clamp(min=1)
+    # the mean over sentences with a real token (0 for a batch of none), without asking the device
+    # whether there is one (boolean indexing or any() would stall a GPU's host every training step)
     nonempty = lengths > 0
-    return (open_gates[nonempty] / lengths[nonempty]).mean() if nonempty.any() else open_gates.sum() * 0
+    per_sentence = (open_gates / lengths.clamp(min=1)).masked_fill(~nonempty, 0.0)
+    return per_sentence.sum() / nonempty.sum().clamp(min=1)
 
 
 @register_criterion("label_smoothed_cross_entropy_l0drop", dataclass=L0DropCriterionConfig)

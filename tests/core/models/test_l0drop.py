@@ -196,6 +196,23 @@ def test_expected_open_rate_per_sentence_and_per_token_by_hand():
     assert expected_open_rate(expected_l0, padding, "token").item() == pytest.approx(10.7 / 31)
     with pytest.raises(ValueError, match="'sentence' or 'token'"):
         expected_open_rate(expected_l0, padding, "batch")
+    # a sentence of padding only counts for nothing; a batch of them gives 0, with a gradient
+    padding[1] = True
+    expected_l0[1] = 0.0
+    assert expected_open_rate(expected_l0, padding, "sentence").item() == pytest.approx(1.1 / 2)
+    gates = torch.zeros(2, 4, requires_grad=True)
+    rate = expected_open_rate(gates, torch.ones(2, 4, dtype=torch.bool), "sentence")
+    rate.backward()
+    assert rate.item() == 0.0 and gates.grad is not None
+
+
+def test_the_penalty_reads_nothing_on_the_host():
+    from fairseq_sparse.bench.dispatch_counts import count
+
+    padding = torch.tensor([[False, False, True], [False, True, True]])
+    expected_l0 = torch.rand(2, 3)
+    for normalization in ("sentence", "token"):
+        assert count(lambda: expected_open_rate(expected_l0, padding, normalization)).synchronisations == []
 
 
 @pytest.mark.parametrize("normalization", ["sentence", "token"])

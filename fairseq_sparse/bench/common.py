@@ -19,7 +19,7 @@ from fairseq.data.data_utils import collate_tokens
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_sparse.core.attention import SUBLAYERS
+from fairseq_sparse.core.attention import SUBLAYERS, get_attention
 from fairseq_sparse.core.modules.l0drop import GAMMA, ZETA
 
 # The benchmark row of the softmax model with L0Drop gates, decoded from the compressed memory.
@@ -67,8 +67,6 @@ def resolve_dtype(args: argparse.Namespace) -> torch.dtype:
 
 def row_sublayers(row: str) -> Tuple[str, ...]:
     """Sublayers a benchmark row runs its attention function in (the ``l0drop`` row: softmax everywhere)."""
-    from fairseq_sparse.core.attention import get_attention
-
     if row == L0DROP:
         return SUBLAYERS
     return get_attention(row).sublayers

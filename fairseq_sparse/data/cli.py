@@ -91,7 +91,7 @@ def report_errors(work: Callable[[], object]) -> int:
     return 0
 
 
-def main_with(job_fn: Callable[[argparse.Namespace], Job], urls_fn: Callable[[argparse.Namespace], Sequence[str]],
+def main_with(job_fn: Callable[[argparse.Namespace], Job], downloads_fn: Callable[[argparse.Namespace], Sequence[str]],
               parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> int:
     """Parse the options, build the job, download if asked, run the pipeline."""
     args = parser.parse_args(argv)
@@ -101,7 +101,7 @@ def main_with(job_fn: Callable[[argparse.Namespace], Job], urls_fn: Callable[[ar
         job = dataclasses.replace(job_fn(args), encoding=check_encoding(args.encoding))
         raw_dir = raw_directory(args)
         if args.download:
-            download(urls_fn(args), raw_dir)
+            download(downloads_fn(args), raw_dir)
         run(job, raw_dir, Path(args.out), workers=args.workers, keep_tmp=args.keep_tmp,
             binarise=not args.no_binarize)
 

@@ -60,9 +60,6 @@ IWSLT17 = Source("the official IWSLT17 release (2017-01-trnted en-de.tgz; 2017-0
     "test": [(_ted_test(s, SRC), _ted_test(s, TGT)) for s in TED_TEST],
 })
 
-HF_URL = "https://huggingface.co/datasets/gshbao/DocNMT/resolve/main/{dir}/{name}"
-GITHUB_URL = "https://raw.githubusercontent.com/sameenmaruf/selective-attn/master/data/{dir}/{name}"
-
 
 @dataclass(frozen=True)
 class Corpus:
@@ -72,32 +69,23 @@ class Corpus:
     name: str
     dirs: Tuple[str, ...]          # sub-directories that hold its Maruf-format files
     hf_dir: str                    # G-Transformer's copy (Hugging Face gshbao/DocNMT)
-    github_dir: str                # Maruf's repository
-    github_splits: Tuple[str, ...]  # splits whose files are in Maruf's repository
     sources: Tuple[Source, ...]
 
 
 CORPORA = {
     "ted": Corpus("ted", "ted17.doc.en-de", ("iwslt17", "IWSLT2017", "iwslt2017", "ted"), "iwslt17",
-                  "IWSLT2017", SPLITS, (MARUF, IWSLT17)),
+                  (MARUF, IWSLT17)),
     "news": Corpus("news", "nc11.doc.en-de", ("nc2016", "NC-2016", "nc-2016", "nc11", "news"), "nc2016",
-                   "NC-2016", ("valid", "test"), (MARUF,)),
+                   (MARUF,)),
 }
 # directories of the other document-level corpora in Maruf's / G-Transformer's layout
 _ALL_DIRS = {d.lower() for c in CORPORA.values() for d in c.dirs} | {"europarl7"}
 
 
-def download_urls(corpus: Corpus) -> List[str]:
-    """Maruf et al.'s files of ``corpus``: G-Transformer's copy, else Maruf's repository."""
-    urls = []
-    for split in SPLITS:
-        for lang in (SRC, TGT):
-            name = maruf_name(split, lang)
-            alts = [HF_URL.format(dir=corpus.hf_dir, name=name)]
-            if split in corpus.github_splits:
-                alts.append(GITHUB_URL.format(dir=corpus.github_dir, name=name))
-            urls.append("|".join(alts))
-    return urls
+def download_ids(corpus: Corpus) -> List[str]:
+    """Maruf et al.'s files of ``corpus`` (ids of ``configs/downloads.yaml``: G-Transformer's copy on
+    the Hugging Face hub, else Maruf's repository where it has the file)."""
+    return [f"docnmt/{corpus.hf_dir}/{maruf_name(split, lang)}" for split in SPLITS for lang in (SRC, TGT)]
 
 
 def find_maruf(raw_dir: Path, name: str, corpus: Corpus) -> Optional[Path]:

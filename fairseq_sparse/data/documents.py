@@ -95,7 +95,7 @@ from typing import Dict, List, Optional, Sequence
 
 from fairseq_sparse.data import cli, document_blocks
 from fairseq_sparse.data.binarise import binarize, dictionary_size, find_tool
-from fairseq_sparse.data.document_corpora import CORPORA, SRC, TGT, Corpus, download_urls, read_split, resolve
+from fairseq_sparse.data.document_corpora import CORPORA, SRC, TGT, Corpus, download_ids, read_split, resolve
 from fairseq_sparse.data.document_readers import Doc
 from fairseq_sparse.data.download import download
 from fairseq_sparse.data.errors import PrepError
@@ -211,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def work() -> None:
         raw_dir = cli.raw_directory(args)
         if args.download:
-            download(download_urls(corpus), raw_dir / corpus.hf_dir)
+            download(download_ids(corpus), raw_dir / corpus.hf_dir)
         prepare(corpus, raw_dir, Path(args.out), merges=args.merges, max_tokens=args.max_tokens,
                 workers=args.workers, keep_tmp=args.keep_tmp, encoding=check_encoding(args.encoding))
 

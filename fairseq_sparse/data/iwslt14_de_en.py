@@ -29,10 +29,7 @@ from typing import Optional, Sequence
 from fairseq_sparse.data import cli
 from fairseq_sparse.data.job import Job, iwslt_sets, iwslt_train
 
-URLS = [
-    "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
-    "|https://wit3.fbk.eu/archive/2014-01/texts/de/en/de-en.tgz",
-]
+DOWNLOADS = ["iwslt14/de-en.tgz"]   # configs/downloads.yaml
 TEST_SETS = ["TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012"]
 
 
@@ -58,7 +55,7 @@ def build_job(args: argparse.Namespace) -> Job:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return cli.main_with(build_job, lambda args: URLS, build_parser(), argv)
+    return cli.main_with(build_job, lambda args: DOWNLOADS, build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -28,9 +28,8 @@ from fairseq_sparse.data import cli
 from fairseq_sparse.data.job import Job, Pair
 from fairseq_sparse.data.raw import Raw
 
-BASE = "https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/"
-URLS = [BASE + f"{name}.{lang}" for name in ("train", "tst2012", "tst2013", "vocab")
-        for lang in ("en", "vi")]
+DOWNLOADS = [f"iwslt15/{name}.{lang}" for name in ("train", "tst2012", "tst2013", "vocab")
+             for lang in ("en", "vi")]   # configs/downloads.yaml
 SRC, TGT = "en", "vi"
 
 
@@ -59,7 +58,7 @@ def build_job(args: argparse.Namespace) -> Job:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return cli.main_with(build_job, lambda args: URLS, build_parser(), argv)
+    return cli.main_with(build_job, lambda args: DOWNLOADS, build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,7 @@ from typing import List, Optional, Sequence
 from fairseq_sparse.data import cli
 from fairseq_sparse.data.job import Job, Pair, iwslt_sets, iwslt_train
 
-URLS = [
-    "https://wit3.fbk.eu/archive/2017-01-trnted/texts/fr/en/fr-en.tgz"
-    "|https://huggingface.co/datasets/IWSLT/iwslt2017/resolve/main/data/2017-01-trnted/texts/fr/en/fr-en.zip",
-]
+DOWNLOADS = ["iwslt17/fr-en"]   # configs/downloads.yaml
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +61,7 @@ def build_job(args: argparse.Namespace) -> Job:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return cli.main_with(build_job, lambda args: URLS, build_parser(), argv)
+    return cli.main_with(build_job, lambda args: DOWNLOADS, build_parser(), argv)
 
 
 if __name__ == "__main__":

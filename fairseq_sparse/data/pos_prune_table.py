@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List
 
-from ..experiments.completion import write_atomically
+from ..files import write_atomically
 
 # Tags (or tag prefixes before "(") whose words the POS pattern prunes.
 PRUNABLE_TAGS = {

@@ -59,51 +59,37 @@ from fairseq_sparse.data.errors import PrepError
 from fairseq_sparse.data.job import Job, Pair
 from fairseq_sparse.data.raw import Raw
 
-WMT13 = "http://www.statmt.org/wmt13/"
-WMT14 = "http://www.statmt.org/wmt14/"
-WMT16 = "http://data.statmt.org/wmt16/translation-task/"
-WMT17 = "http://data.statmt.org/wmt17/translation-task/"
-WMT18 = "http://data.statmt.org/wmt18/translation-task/"
-
 # (year, "xx-yy" sorted as the corpora name them) -> what the dataset is made of.
 # train: corpus prefixes; the files are f"{prefix}.{lang}" (optionally .gz).
 DATASETS = {
     (14, "de-en"): dict(
         train=["europarl-v7.de-en", "commoncrawl.de-en", "news-commentary-v9.de-en"],
         valid="newstest2013", test="newstest2014", aggressive=True,
-        urls=[WMT13 + "training-parallel-europarl-v7.tgz", WMT13 + "training-parallel-commoncrawl.tgz",
-              WMT14 + "training-parallel-nc-v9.tgz", WMT14 + "dev.tgz", WMT14 + "test-full.tgz"]),
+        downloads=["wmt13/training-parallel-europarl-v7.tgz", "wmt13/training-parallel-commoncrawl.tgz",
+                   "wmt14/training-parallel-nc-v9.tgz", "wmt14/dev.tgz", "wmt14/test-full.tgz"]),
     (14, "en-fr"): dict(
         train=["europarl-v7.fr-en", "commoncrawl.fr-en", "undoc.2000.fr-en",
                "news-commentary-v9.fr-en", "giga-fren.release2.fixed"],
         valid="newstest2013", test="newstest2014", aggressive=True,
-        urls=[WMT13 + "training-parallel-europarl-v7.tgz", WMT13 + "training-parallel-commoncrawl.tgz",
-              WMT13 + "training-parallel-un.tgz", WMT14 + "training-parallel-nc-v9.tgz",
-              "http://www.statmt.org/wmt10/training-giga-fren.tar", WMT14 + "dev.tgz",
-              WMT14 + "test-full.tgz"]),
+        downloads=["wmt13/training-parallel-europarl-v7.tgz", "wmt13/training-parallel-commoncrawl.tgz",
+                   "wmt13/training-parallel-un.tgz", "wmt14/training-parallel-nc-v9.tgz",
+                   "wmt10/training-giga-fren.tar", "wmt14/dev.tgz", "wmt14/test-full.tgz"]),
     (16, "en-ro"): dict(
         train=["europarl-v8.ro-en", "SETIMES.en-ro|SETIMES2.en-ro"],
         valid="newsdev2016", test="newstest2016",
-        urls=[WMT16 + "training-parallel-ep-v8.tgz",
-              "https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip"
-              "|http://opus.nlpl.eu/download.php?f=SETIMES/v2/moses/en-ro.txt.zip",
-              WMT16 + "dev-romanian-updated.tgz", WMT16 + "test.tgz"]),
+        downloads=["wmt16/training-parallel-ep-v8.tgz", "opus/SETIMES2.en-ro.txt.zip",
+                   "wmt16/dev-romanian-updated.tgz", "wmt16/test.tgz"]),
     (18, "en-zh"): dict(
         train=["news-commentary-v13.zh-en", "UNv1.0.en-zh"],
         valid="newstest2017", test="newstest2018", joined=False, ratio=0,
-        urls=[WMT18 + "training-parallel-nc-v13.tgz",
-              "https://stuncorpusprod.blob.core.windows.net/corpusfiles/UNv1.0.en-zh.tar.gz.00"
-              "+https://stuncorpusprod.blob.core.windows.net/corpusfiles/UNv1.0.en-zh.tar.gz.01",
-              WMT18 + "dev.tgz", WMT18 + "test.tgz"]),
+        downloads=["wmt18/training-parallel-nc-v13.tgz", "un/UNv1.0.en-zh.tar.gz", "wmt18/dev.tgz",
+                   "wmt18/test.tgz"]),
     (18, "en-fi"): dict(
         train=["europarl-v8.fi-en", "paracrawl-release1.en-fi.zipporah0-dedup-clean",
                "rapid2016.en-fi", "titles.fi-en"],
         valid="newstest2017", test="newstest2018",
-        urls=[WMT16 + "training-parallel-ep-v8.tgz",
-              "https://s3.amazonaws.com/web-language-models/paracrawl/release1/"
-              "paracrawl-release1.en-fi.zipporah0-dedup-clean.tgz",
-              WMT18 + "rapid2016.tgz", "http://www.statmt.org/wmt15/wiki-titles.tgz",
-              WMT18 + "dev.tgz", WMT18 + "test.tgz"]),
+        downloads=["wmt16/training-parallel-ep-v8.tgz", "paracrawl/release1.en-fi.zipporah0-dedup-clean.tgz",
+                   "wmt18/rapid2016.tgz", "wmt15/wiki-titles.tgz", "wmt18/dev.tgz", "wmt18/test.tgz"]),
 }
 WMT17_PAIRS = ("cs-en", "de-en", "fi-en", "lv-en", "ru-en", "tr-en", "zh-en")
 WMT17_NEW = ("lv", "zh")  # first year at WMT17: newsdev2017 is their dev set
@@ -192,16 +178,15 @@ def build_job(args: argparse.Namespace) -> Job:
         **common_kw)
 
 
-def urls(args: argparse.Namespace) -> List[str]:
-    """The official archives of ``--year``/``--pair`` (``--download``)."""
+def downloads(args: argparse.Namespace) -> List[str]:
+    """The official files of ``--year``/``--pair`` (``--download``): ids of ``configs/downloads.yaml``."""
     src, tgt = args.pair.split("-")
     year = args.year % 100
     if year == 17:
         pair = "-".join(sorted((src, tgt), key=lambda l: l == "en"))
-        base = WMT17 + f"preprocessed/{pair}/"
-        return [base + f"corpus.tc.{l}.gz" for l in pair.split("-")] + [
-            base + "dev.tgz", base + "true.tgz", WMT17 + "test.tgz"]
-    return DATASETS[year, _key(args.pair)]["urls"]
+        return [f"wmt17/preprocessed/{pair}/{name}" for name in
+                [f"corpus.tc.{l}.gz" for l in pair.split("-")] + ["dev.tgz", "true.tgz"]] + ["wmt17/test.tgz"]
+    return DATASETS[year, _key(args.pair)]["downloads"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -234,7 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, _ = parser.parse_known_args(argv)
     if args.out == "data/wmt" and "--out" not in (argv if argv is not None else sys.argv[1:]):
         parser.set_defaults(out=f"data/wmt{args.year % 100}.{args.pair}" + (".char" if args.char else ""))
-    return cli.main_with(build_job, urls, parser, argv)
+    return cli.main_with(build_job, downloads, parser, argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ the second waits for the first and then finds it finished.
 
 import contextlib
 import fcntl
-import os
 from pathlib import Path
 
 from fairseq_sparse.experiments.plan import Step
@@ -20,13 +19,6 @@ def completion_marker(step: Step) -> Path:
     """What proves that ``step`` ran to the end: its output if that is a ``.done`` marker itself
     (trainings, data preparation), else ``OUTPUT.done`` beside the output."""
     return step.output if step.output.suffix == ".done" else step.output.with_name(step.output.name + ".done")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write under a temporary name, then rename: a reader sees the whole file or none."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_sparse.data import binarise, download, errors, filtering, moses, raw, subwords
+from fairseq_sparse.data import binarise, errors, filtering, moses, raw, subwords
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -359,32 +359,6 @@ def test_readers(tmp_path):
     assert filtering.kept_indices(["a b c", "a b", ""], ["a", "a b c", "a"], 250, 1.5) == [1]
     assert subwords.char_split("ab cd") == "a b ▁ c d"
     assert moses.split_cjk("我们 love 北京。") == "我 们 love 北 京 。"
-
-
-def test_download_extracts_archives_offline(tmp_path):
-    """--download's machinery with file:// URLs: alternatives, split archives, .tgz/.zip."""
-    import tarfile
-    import zipfile
-
-    src = tmp_path / "src"
-    write_lines(src / "corpus" / "a.en", ["hello"])
-    with tarfile.open(tmp_path / "a.tgz", "w:gz") as t:
-        t.add(src / "corpus", arcname="corpus")
-    data = (tmp_path / "a.tgz").read_bytes()
-    (tmp_path / "b.tar.gz.00").write_bytes(data[:10])
-    (tmp_path / "b.tar.gz.01").write_bytes(data[10:])
-    with zipfile.ZipFile(tmp_path / "c.zip", "w") as z:
-        z.writestr("c/c.ro", "salut\n")
-    raw_dir = tmp_path / "raw"
-    url = (tmp_path / "a.tgz").as_uri()
-    download.download([(tmp_path / "missing.tgz").as_uri() + "|" + url,
-                     (tmp_path / "b.tar.gz.00").as_uri() + "+" + (tmp_path / "b.tar.gz.01").as_uri(),
-                       (tmp_path / "c.zip").as_uri()], raw_dir)
-    assert raw.find_raw(raw_dir, "a.en").read_text() == "hello\n"
-    assert (raw_dir / "b.tar.gz").read_bytes() == data
-    assert raw.find_raw(raw_dir, "c.ro").read_text() == "salut\n"
-    with pytest.raises(errors.PrepError, match="download failed"):
-        download.download([(tmp_path / "nothing.tgz").as_uri()], raw_dir)
 
 
 def test_undecodable_raw_file_is_one_clear_message_naming_its_line(tmp_path, capsys):

@@ -112,6 +112,56 @@ def _use_stored_tables(state: dict) -> None:
         use_stored_table(state["cfg"]["model"])
 
 
+def _group_option_names(group) -> List[str]:
+    if isinstance(group, argparse.Namespace):
+        return list(vars(group))
+    try:
+        return list(group.keys())
+    except AttributeError:
+        return []
+
+
+def known_option_names(cfg) -> set:
+    """Every option a checkpoint's config has (any group), and every option its model class declares now
+    (an option added since the checkpoint was saved can still be overridden)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_DATACLASS_REGISTRY
+
+    names = set()
+    for group in cfg.keys():
+        names.add(group)
+        names.update(_group_option_names(cfg[group]))
+    model = cfg.get("model")
+    arch = getattr(model, "_name", None) or getattr(model, "arch", None) if model is not None else None
+    model_class = ARCH_MODEL_REGISTRY.get(arch)
+    if model_class is not None and hasattr(model_class, "add_args"):
+        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        model_class.add_args(parser)
+        names.update(action.dest for action in parser._actions)
+    dataclass = MODEL_DATACLASS_REGISTRY.get(arch)
+    if dataclass is not None:
+        names.update(dataclass.__dataclass_fields__)
+    return names
+
+
+def apply_checked_overrides(state: dict, overrides: dict, path: str) -> None:
+    """``--model-overrides`` as fairseq applies them, after refusing a name that no option has."""
+    import difflib
+
+    from fairseq.dataclass.utils import overwrite_args_by_name
+
+    known = known_option_names(state["cfg"])
+    for name, value in overrides.items():
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        raise UsageError(f"--model-overrides: {name!r} is no option of fairseq or of the model in {path}"
+                         + (f"; did you mean {close[0]!r}?" if close else ""))
+    if state.get("args") is not None:
+        for name, value in overrides.items():
+            setattr(state["args"], name, value)
+    overwrite_args_by_name(state["cfg"], overrides)
+
+
 def _explain_load_errors() -> None:
     """Make fairseq's checkpoint loader fail with one clear message instead of a raw unpickling trace."""
     from fairseq import checkpoint_utils
@@ -124,7 +174,9 @@ def _explain_load_errors() -> None:
         if os.path.isfile(path):  # remote paths (fairseq's PathManager) are left to fairseq
             check_checkpoint_file(path)
         try:
-            state = original(path, arg_overrides, load_on_all_ranks)
+            # overrides are applied here, after their names are checked: fairseq sets any name on a model
+            # config held as a Namespace, so a misspelt option would be ignored without a word
+            state = original(path, None, load_on_all_ranks)
         except pickle.UnpicklingError as err:
             found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
             if not found:
@@ -141,6 +193,8 @@ def _explain_load_errors() -> None:
             if "corrupted" not in str(err):  # torch's words for a cut-off zip or legacy file
                 raise
             raise not_a_checkpoint(path, f"torch finds it damaged ({_first_line(err)})") from err
+        if arg_overrides:
+            apply_checked_overrides(state, arg_overrides, path)
         _use_stored_tables(state)
         return state
 

@@ -24,3 +24,11 @@ def write_atomically(path: Path, text: str) -> None:
     """Write ``text`` under a temporary name, then rename."""
     with replaced_atomically(path) as partial:
         partial.write_text(text, encoding="utf-8")
+
+
+def describe_os_error(error: OSError) -> str:
+    """One line for an ``OSError`` of ours (a full disk, a read-only or missing folder): the path(s) and
+    the system's words."""
+    paths = " -> ".join(str(p) for p in (error.filename, error.filename2) if p is not None)
+    what = error.strerror or str(error)
+    return f"{paths}: {what}" if paths else what

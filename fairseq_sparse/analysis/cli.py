@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..core.checkpoint_loading import CheckpointLoadError
+from ..files import describe_os_error
 from . import SUBLAYERS, pages
 from .alignment_error import alignment_errors
 from .collect import NotASparseModel, load
@@ -136,5 +137,7 @@ def main(argv: Optional[List[str]] = None):
         result = analyse(args)
     except (CheckpointLoadError, NotASparseModel) as err:  # a checkpoint it cannot analyse: one line, no traceback
         sys.exit(f"analysis {args.command}: error: {err}")
+    except OSError as err:  # a full disk, a read-only output folder: the path, no traceback
+        sys.exit(f"analysis {args.command}: error: {describe_os_error(err)}")
     print(f"{args.command}: written to {args.out}")
     return result

@@ -66,6 +66,7 @@ from fairseq_sparse.data.filtering import kept_indices
 from fairseq_sparse.data.moses import Moses
 from fairseq_sparse.data.subwords import bpe_encoder, learn_bpe
 from fairseq_sparse.data.text import SPLITS, write_lines
+from fairseq_sparse.files import describe_os_error
 
 logger = logging.getLogger("data_prep.bible")
 
@@ -258,6 +259,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         run(args)
     except PrepError as e:
         sys.exit(f"bible.py: error: {e}")
+    except OSError as e:   # a full disk, a read-only output folder: the path, no traceback
+        sys.exit(f"bible.py: error: {describe_os_error(e)}")
     return 0
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from fairseq_sparse.data.download import download
+from fairseq_sparse.files import describe_os_error
 from fairseq_sparse.data.errors import PrepError
 from fairseq_sparse.data.job import Job
 from fairseq_sparse.data.pipeline import run
@@ -82,11 +83,14 @@ def setup_logging() -> None:
 
 
 def report_errors(work: Callable[[], object]) -> int:
-    """Run ``work``; 0, or 1 after printing a ``PrepError`` as one line on stderr."""
+    """Run ``work``; 0, or 1 after printing a ``PrepError`` or an ``OSError`` as one line on stderr."""
     try:
         work()
     except PrepError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:   # a full disk, a read-only output folder: the path, no traceback
+        print(f"error: {describe_os_error(e)}", file=sys.stderr)
         return 1
     return 0
 

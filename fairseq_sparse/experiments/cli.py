@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from fairseq_sparse.experiments.errors import ConfigError, StepError
+from fairseq_sparse.experiments.errors import ConfigError, RecordError, StepError
+from fairseq_sparse.files import describe_os_error
 from fairseq_sparse.experiments.plan import Plan
 from fairseq_sparse.experiments.record import Record, fill_from_curves, publish, steps_to_run
 from fairseq_sparse.experiments.cells import collect
@@ -114,8 +115,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             reports.append((plan.table, results, write_report(plan, results, record)))
             if record:
                 publish(plan, record)
-    except (ConfigError, StepError) as e:
+    except (ConfigError, RecordError, StepError) as e:
         print(f"tables: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:   # a full disk, a read-only folder: the path and the system's words, no traceback
+        print(f"tables: error: {describe_os_error(e)}", file=sys.stderr)
         return 1
     status = 0
     for table, results, md in reports:

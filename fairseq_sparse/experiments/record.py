@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
+from fairseq_sparse.experiments.errors import RecordError
 from fairseq_sparse.experiments.heatmap import drawn_heatmaps, draws_heatmap, heatmap_folder, heatmap_step
 from fairseq_sparse.experiments.measures import EPOCH_MEASURES, MEASURES, validates_epoch
 
@@ -95,19 +96,14 @@ class Record:
         self.heatmap_dir = directory / heatmap_folder(table)
         self.cells: Dict[Cell, Recorded] = {}
         if self.path.is_file():
-            with open(self.path, encoding="utf-8") as f:
-                for line in csv.DictReader(f):
-                    value = None if line["value"] == "" else float(line["value"])
-                    own = line.get("own") or None  # absent from records written before it existed
-                    self.cells[line["dataset"], line["row"], line["column"], int(line["seed"])] = Recorded(
-                        line["commands"], value, line["signature"], line["side_by_side"] == "1", own and float(own))
+            self.cells = read_cells(self.path)
 
     def get(self, cell: Cell, commands: str, earlier: str = "") -> Optional[Recorded]:
         """The recorded cell if it was measured from the same commands (``commands``, or ``earlier``: their
-        key before an output was renamed, then recorded again under ``commands``)."""
+        key before an output was renamed, answered under ``commands``). Reading changes nothing."""
         found = self.cells.get(cell)
         if found and earlier and found.commands == earlier:
-            found = self.cells[cell] = replace(found, commands=commands)
+            return replace(found, commands=commands)
         return found if found and found.commands == commands else None
 
     def put(self, cell: Cell, recorded: Recorded) -> None:
@@ -133,6 +129,47 @@ class Record:
     def curves(self) -> List[dict]:
         """The recorded loss curves (``read_curves`` of ``NAME.curves.csv``)."""
         return read_curves(self.curves_path)
+
+
+CONFLICT_MARKERS = ("<<<<<<<", "=======", ">>>>>>>", "|||||||")
+REQUIRED = ("dataset", "row", "column", "seed", "commands", "value", "signature", "side_by_side")
+
+
+def read_cells(path: Path) -> Dict[Cell, Recorded]:
+    """The cells of a record file, refusing (``RecordError``: the file and line) anything a merge or a hand
+    edit can leave that would otherwise be read as something else: conflict markers, a cell recorded
+    twice (which value is right cannot be known here), a line of the wrong shape or with a value that is
+    not a number. Nothing is rewritten."""
+    text = path.read_text(encoding="utf-8")
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith(CONFLICT_MARKERS):
+            raise RecordError(f"{path}:{number}: a merge conflict marker ({line[:7]}); resolve the conflict "
+                              "(keep one line per cell), the record is left as it is")
+    cells: Dict[Cell, Recorded] = {}
+    first_line: Dict[Cell, int] = {}
+    reader = csv.DictReader(text.splitlines())
+    missing = [f for f in REQUIRED if f not in (reader.fieldnames or [])]
+    if missing:
+        raise RecordError(f"{path}:1: the header lacks {', '.join(missing)}; is this a record file (NAME.seeds.csv)?")
+    for line in reader:
+        number = reader.line_num
+        try:
+            if None in line or any(line[f] is None for f in REQUIRED):
+                fields = sum(v is not None for k, v in line.items() if k is not None) + len(line.get(None) or [])
+                raise ValueError(f"{fields} fields where the header has {len(reader.fieldnames)}")
+            cell = (line["dataset"], line["row"], line["column"], int(line["seed"]))
+            value = None if line["value"] == "" else float(line["value"])
+            own = line.get("own") or None  # absent from records written before it existed
+            recorded = Recorded(line["commands"], value, line["signature"], line["side_by_side"] == "1",
+                                own and float(own))
+        except ValueError as e:
+            raise RecordError(f"{path}:{number}: not a record line ({e}); mend or delete the line "
+                              "(a deleted line's cell runs again)") from None
+        if cell in cells:
+            raise RecordError(f"{path}:{number}: {', '.join(map(str, cell))} is recorded twice (also line "
+                              f"{first_line[cell]}); delete the wrong one (a merge of two sittings can leave both)")
+        cells[cell], first_line[cell] = recorded, number
+    return cells
 
 
 def read_curves(path: Path) -> List[dict]:

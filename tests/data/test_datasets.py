@@ -426,3 +426,35 @@ def test_an_empty_training_split_is_one_clear_message(side, tmp_path, capsys):
     assert rc == 1 and err.count("error:") == 1 and "Traceback" not in err, err
     assert "the train split has no sentence pair" in err and train[0].name in err
     assert not list(out.rglob("*.bin"))
+
+
+@pytest.mark.parametrize("errno_name", ["ENOTDIR", "ENOSPC"])
+def test_an_output_that_cannot_be_written_is_one_line_naming_the_path(errno_name, tmp_path, capsys, monkeypatch):
+    """An output folder below a file (as a mistyped --out gives), or a full disk: one line with the path
+    and the system's words, no traceback, and the raw files untouched."""
+    import errno
+
+    script, extra, writer, pair = CASES["iwslt14.de-en"]
+    raw_dir = writer(tmp_path / "raw")
+    before = {p: p.read_bytes() for p in raw_dir.rglob("*") if p.is_file()}
+    out = tmp_path / "out"
+    if errno_name == "ENOTDIR":
+        (tmp_path / "a-file").write_text("x")
+        out = tmp_path / "a-file" / "out"
+    else:  # the first file preparation writes meets a full disk
+        import builtins
+
+        real_open = builtins.open
+
+        def full_disk(file, mode="r", *args, **kwargs):
+            if "w" in mode and str(file).startswith(str(out)):
+                raise OSError(errno.ENOSPC, "No space left on device", str(file))
+            return real_open(file, mode, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", full_disk)
+    rc = SCRIPTS[script].main(["--raw", str(raw_dir), "--out", str(out), *extra])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err and err.count("\n") == 1, err
+    expected = "Not a directory" if errno_name == "ENOTDIR" else "No space left on device"
+    assert err.startswith(f"error: {tmp_path}") and err.rstrip().endswith(expected), err
+    assert {p: p.read_bytes() for p in raw_dir.rglob("*") if p.is_file()} == before

@@ -520,3 +520,21 @@ def test_valid_loss_at_an_epoch_reads_that_epochs_validation(tmp_path, monkeypat
         text = GOOD.replace("columns: [{id: bleu, label: BLEU, dataset: iwslt14_de_en, measure: bleu}]", f"columns: [{column}]")
         with pytest.raises(ConfigError, match="valid_loss_at and valid_gap_at need epoch"):
             load_table(write_table(configs, text), "smoke", configs)
+
+
+def test_an_output_folder_below_a_file_is_one_line_naming_it(tmp_path, capsys):
+    a_file = tmp_path / "results.md"
+    a_file.write_text("")
+    assert tables.main(["demo", "--report-only", "--out", str(a_file / "out")]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"tables: error: {a_file / 'out'}: Not a directory"
+
+
+def test_a_damaged_record_stops_the_table_with_its_file_and_line(tmp_path, capsys):
+    from fairseq_sparse.experiments.record import FIELDS
+
+    record = tmp_path / "results"
+    record.mkdir()
+    (record / "demo.seeds.csv").write_text(",".join(FIELDS) + "\n<<<<<<< HEAD\n", encoding="utf-8")
+    assert tables.main(["demo", "--record", str(record), "--report-only", "--out", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"tables: error: {record / 'demo.seeds.csv'}:2: a merge conflict marker")

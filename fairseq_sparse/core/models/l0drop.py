@@ -82,6 +82,11 @@ class L0DropTransformerEncoder(SparseTransformerEncoder):
             logger.warning(f"L0Drop: cross-attention function {cross_fn!r} cannot read a compressed memory "
                            "exactly; decoding uncompressed")
             self.compress = False
+        if self.compress and getattr(cfg, "cross_self_attention", False):
+            # the decoder's self-attention reads the memory too, and it has no count of the merged keys
+            logger.warning("L0Drop: with --cross-self-attention the decoder's self-attention reads the encoder "
+                           "memory without its key counts; decoding uncompressed")
+            self.compress = False
         if options.l0drop_every_layer:
             for layer in list(self.layers)[:-1]:
                 layer.l0drop_gate = HardConcreteGate(cfg.encoder.embed_dim, options.l0drop_gate_init)

@@ -13,6 +13,7 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from ..attention import get_attention
 from ..errors import UsageError
 from ..modules.sparse_multihead_attention import SparseMultiheadAttention
 from .options import SparseModelOptions
@@ -45,10 +46,17 @@ class SparseTransformerEncoderLayer(TransformerEncoderLayerBase):
 
 class SparseTransformerDecoderLayer(TransformerDecoderLayerBase):
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        # --cross-self-attention: fairseq's layer puts the source states before the target prefix as the
+        # keys of the decoder's self-attention (one distribution over both), which is then no self-attention
         if cfg.cross_self_attention:
-            raise UsageError("transformer_sparse does not support --cross-self-attention")
+            fn = SparseModelOptions.from_cfg(cfg).attn_fn_of("decoder")
+            if get_attention(fn).self_attention_only:
+                raise UsageError(
+                    f"--cross-self-attention: decoder self-attention function {fn!r} is a pattern over the positions "
+                    "of one sequence, and with --cross-self-attention the decoder's self-attention attends over the "
+                    "source states and the target prefix together; choose another --decoder-attn-fn")
         return build_sparse_attention(
-            cfg, "decoder", embed_dim, cfg.decoder.attention_heads, self_attention=True,
+            cfg, "decoder", embed_dim, cfg.decoder.attention_heads, self_attention=not cfg.cross_self_attention,
             add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
             q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
         )

@@ -205,3 +205,37 @@ def test_self_attention_only_functions_are_rejected_in_cross_attention():
         SparseMultiheadAttention(16, 4, attn_fn="softmax", self_attention=True)
         with pytest.raises(ValueError, match="self-attention only"):
             SparseMultiheadAttention(16, 4, attn_fn="softmax", encoder_decoder_attention=True)
+
+
+CROSS_SELF = [name for name in NAMES if not CASES[name].self_only]
+
+
+@pytest.mark.parametrize("name", CROSS_SELF)
+def test_cross_self_attention_decodes_incrementally_as_the_full_pass(name):
+    """fairseq's --cross-self-attention: the decoder's self-attention attends over the source states and the
+    target prefix in one distribution; the first step caches the source keys, later steps add one key.
+    Incremental decoding equals the full pass, and padding changes nothing (beam search's cache reorder:
+    test_fairseq_features)."""
+    model = build_model(decoder_attn_fn=name, attn_k=CASES[name].k, cross_self_attention=True).eval()
+    attention = model.decoder.layers[0].self_attn
+    assert attention.attn_fn == name and not attention.self_attention
+    batch = random_batch(lengths=[7, 5, 9], tgt_lengths=[6, 4, 6], seed=5)
+    # stock fairseq's layer too gives padded target positions other outputs step by step than in the full
+    # pass (their keys are masked differently); no real position reads them
+    real = batch["prev_output_tokens"].ne(1)
+    with torch.no_grad():
+        full_logits, full_attn = full_forward(model, batch)
+        inc_logits, inc_attn = incremental_forward(model, batch)
+        assert (full_logits - inc_logits)[real].abs().max() <= 1e-5
+        assert (full_attn - inc_attn)[real].abs().max() <= 1e-5
+        alone = {"src_tokens": batch["src_tokens"][1:2, -5:], "src_lengths": batch["src_lengths"][1:2],
+                 "prev_output_tokens": batch["prev_output_tokens"][1:2, :4]}
+        assert (full_forward(model, alone)[0][0] - full_logits[1, :4]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES if CASES[name].self_only])
+def test_cross_self_attention_is_refused_for_patterns_over_one_sequence(name):
+    from fairseq_sparse.core.errors import UsageError
+
+    with pytest.raises(UsageError, match=rf"--cross-self-attention: decoder self-attention function '{name}' is a pattern"):
+        build_model(decoder_attn_fn=name, attn_k=CASES[name].k, cross_self_attention=True)

@@ -80,7 +80,9 @@ def write_report(plan: Plan, results: Results, record: Optional[Record] = None) 
         lines.append("")
     if results.signatures:
         lines.append("BLEU signatures:")
-        lines += [f"- {next(c.label for c in table.columns if c.id == cid)}: `{sig}`" for cid, sig in results.signatures.items()]
+        for cid, sig in results.signatures.items():
+            col = next(c for c in table.columns if c.id == cid)
+            lines.append(f"- {col.label}: `{sig}`" + (f"; the paper: {col.paper_scoring}" if col.paper_scoring else ""))
         lines.append("")
     notes = [f"- {ds.label}: {ds.note}" for ds in table.datasets.values() if ds.note]
     if table.profile == "smoke":

@@ -63,6 +63,9 @@ class Column:
     metric: str = "sacrebleu"
     compound_split: bool = False
     lowercase: bool = False
+    # the paper's own scoring of this column, traced to its text or official scripts, printed beside
+    # our BLEU signature (a paper table's BLEU column must say it)
+    paper_scoring: str = ""
     sacrebleu_tokenize: str = "13a"
     baseline: Optional[str] = None
     generate_args: str = ""

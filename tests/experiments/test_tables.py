@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fairseq_sparse import tables
 from fairseq_sparse.tables import ConfigError, load_table, merge_args
@@ -450,7 +451,7 @@ def test_an_epoch_column_added_after_the_models_were_lost_is_read_from_the_recor
 
 def test_a_cell_recorded_before_an_output_was_renamed_still_answers(configs, tmp_path):
     """The attention analysis once wrote sparsity.csv (now zero_weights.csv): a cell recorded then is the
-    same commands' number, so it answers, and is recorded again under the current name."""
+    same commands' number, so it answers under the current name; reading leaves the record as it is."""
     from dataclasses import replace
 
     from fairseq_sparse.experiments.record import Record, Recorded, cell_keys, cell_steps, commands_key
@@ -468,7 +469,8 @@ def test_a_cell_recorded_before_an_output_was_renamed_still_answers(configs, tmp
     record, cell = Record(tmp_path / "results", "t"), ("iwslt14_de_en", "a", "zero", 1)
     record.put(cell, Recorded(earlier, 12.5, "", False))
     assert record.get(cell, key) is None  # other commands, as far as the current key knows
-    assert record.get(cell, key, earlier).value == 12.5 and record.get(cell, key).commands == key
+    assert record.get(cell, key, earlier).value == 12.5 and record.get(cell, key, earlier).commands == key
+    assert record.get(cell, key) is None and record.cells[cell].commands == earlier  # reading changed nothing
     record.put(cell, Recorded(commands_key(plan, steps[:-1]), 3.0, "", False))  # commands that differ: no answer
     assert record.get(cell, key, earlier) is None
 
@@ -538,3 +540,33 @@ def test_a_damaged_record_stops_the_table_with_its_file_and_line(tmp_path, capsy
     assert tables.main(["demo", "--record", str(record), "--report-only", "--out", str(tmp_path / "out")]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         f"tables: error: {record / 'demo.seeds.csv'}:2: a merge conflict marker")
+
+
+def paper_bleu_columns():
+    """(paper, dataset, column) of every BLEU column of every paper table (not the study's or the demo's)."""
+    from fairseq_sparse.experiments.schema import load_table as load
+
+    folder = Path(tables.__file__).parent / "configs" / "tables"
+    out = []
+    for config in sorted(folder.glob("*.yaml")):
+        paper = yaml.safe_load(config.read_text(encoding="utf-8")).get("paper")
+        if paper in ("study", "demo"):
+            continue
+        out += [(paper, c.dataset, c, config.name) for c in load(config, "paper").columns if c.measure == "bleu"]
+    return out
+
+
+def test_every_paper_bleu_column_names_the_papers_scoring_and_one_rule_holds_per_paper_and_dataset():
+    """One scoring rule per paper and dataset, with the paper's own named beside our signature. L0Drop and
+    ReLA report the same 27.59 WMT14 En-De baseline from one official pipeline (bzhangGo/zero:
+    multi-bleu.perl on Stanford's tokenised, compound-split newstest2014): their tokenised rules agree."""
+    columns = paper_bleu_columns()
+    assert len(columns) > 20
+    rules = {}
+    for paper, dataset, col, config in columns:
+        assert col.paper_scoring, f"{config}: column {col.id} does not name the paper's scoring"
+        rule = (col.metric, col.compound_split, col.lowercase, col.sacrebleu_tokenize if col.metric != "tokenized" else "")
+        rules.setdefault((paper, dataset, col.metric), set()).add(rule)
+    assert all(len(found) == 1 for found in rules.values()), {k: v for k, v in rules.items() if len(v) > 1}
+    assert rules["l0drop", "wmt14_en_de", "tokenized"] == rules["rela", "wmt14_en_de", "tokenized"]
+    assert rules["l0drop", "wmt14_en_de", "tokenized"] == {("tokenized", True, False, "")}

@@ -7,6 +7,7 @@ Timings are never asserted in tests; these helpers only measure.
 
 import argparse
 import dataclasses
+import functools
 import gc
 import math
 import statistics
@@ -20,6 +21,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_sparse.core.attention import SUBLAYERS, get_attention
+from fairseq_sparse.core.models.options import SparseModelOptions
 from fairseq_sparse.core.modules.l0drop import GAMMA, ZETA
 
 # The benchmark row of the softmax model with L0Drop gates, decoded from the compressed memory.
@@ -28,24 +30,43 @@ L0DROP = "l0drop"
 # fairseq.modules.MultiheadAttention), loaded with the weights of the plugin's softmax row.
 FAIRSEQ = "fairseq"
 
-# Stock fairseq's architecture of the same sizes as each transformer_sparse architecture:
-# (architecture of fairseq's `transformer` model, options set on top of it). The method
-# presets map to their size bases. build_stock_reference checks that every field of the two
-# models' TransformerConfig agrees, so a wrong entry fails loudly instead of timing another model.
-STOCK_ARCHITECTURES: Dict[str, Tuple[str, Dict[str, Any]]] = {
-    "transformer_sparse": ("transformer", {}),
-    "transformer_sparse_iwslt_de_en": ("transformer_iwslt_de_en", {}),
-    "transformer_sparse_wmt_en_de_big": ("transformer_vaswani_wmt_en_de_big", {}),
-    "transformer_sparse_mini": ("transformer_iwslt_de_en", {"encoder_layers": 2, "decoder_layers": 2}),
-    "transformer_topk_iwslt_de_en": ("transformer_iwslt_de_en", {}),
-    "transformer_sparsemax_iwslt_de_en": ("transformer_iwslt_de_en", {}),
-    "transformer_entmax15_iwslt_de_en": ("transformer_iwslt_de_en", {}),
-    "transformer_hard_wmt_en_de": ("transformer", {}),
-    "transformer_rela_wmt_en_de": ("transformer", {}),
-    "transformer_sparse_doc": ("transformer", {"max_source_positions": 1024, "max_target_positions": 1024}),
-    "transformer_topk_oow_doc": ("transformer", {"max_source_positions": 1024, "max_target_positions": 1024}),
-    "transformer_topk_fr_en_mini": ("transformer", {"encoder_layers": 2, "decoder_layers": 2}),
-}
+# Stock fairseq's counterpart of each plugin architecture: the architecture of fairseq's `transformer`
+# model that fills in the most of the same options, and the options that then still differ (the
+# plugin's own, --encoder-attn-fn and the like, aside). Derived from both registries, so a new preset
+# needs no entry here; build_stock_reference checks that every field of the two models' TransformerConfig
+# agrees, so a wrong counterpart fails loudly instead of timing another model.
+STOCK_MODEL = "transformer"
+PLUGIN_MODEL = "transformer_sparse"
+
+
+def _architecture_options(arch: str, plugin_only: frozenset) -> Dict[str, Any]:
+    args = argparse.Namespace(**BUILD_PRESETS)   # as ``build`` builds both models
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return {k: v for k, v in vars(args).items() if k not in plugin_only}
+
+
+@functools.lru_cache(maxsize=None)
+def stock_architectures() -> Dict[str, Tuple[str, Dict[str, Any]]]:
+    """{plugin architecture: (stock fairseq architecture, options set on top of it)}."""
+    plugin_only = frozenset(f.name for f in dataclasses.fields(SparseModelOptions))
+    stock = {a: _architecture_options(a, plugin_only) for a, m in ARCH_MODEL_REGISTRY.items()
+             if m is ARCH_MODEL_REGISTRY[STOCK_MODEL]}
+    found = {}
+    for arch, model in ARCH_MODEL_REGISTRY.items():
+        if model is not ARCH_MODEL_REGISTRY[PLUGIN_MODEL]:
+            continue
+        ours = _architecture_options(arch, plugin_only)
+        candidates = []
+        for name, theirs in stock.items():
+            differing = {k: v for k, v in ours.items() if theirs.get(k, _UNSET) != v}
+            # fewest differing options first; among equals the shortest name (transformer, not its aliases)
+            candidates.append((len(differing), len(name), name, differing))
+        _, _, name, differing = min(candidates, key=lambda c: c[:3])
+        found[arch] = (name, differing)
+    return found
+
+
+_UNSET = object()
 
 
 # --dtype of the benchmarks: the precision models run in (parameters, activations; losses in float32).
@@ -118,8 +139,12 @@ def make_batch(sources: Sequence[torch.Tensor], targets: Sequence[torch.Tensor],
     return {k: v.to(device) for k, v in batch.items()}, target.to(device)
 
 
+# set before an architecture fills in its defaults, for the plugin's models and stock fairseq's alike
+BUILD_PRESETS = {"dropout": 0.1, "attention_dropout": 0.1, "share_all_embeddings": True}
+
+
 def build(arch: str, dictionary: Dictionary, seed: int, device: str, **options):
-    args = argparse.Namespace(dropout=0.1, attention_dropout=0.1, share_all_embeddings=True, **options)
+    args = argparse.Namespace(**BUILD_PRESETS, **options)
     ARCH_CONFIG_REGISTRY[arch](args)
     torch.manual_seed(seed)
     model = ARCH_MODEL_REGISTRY[arch].build_model(args, DictionaryTask(dictionary)).to(device)
@@ -144,10 +169,10 @@ def build_row(row: str, arch: str, dictionary: Dictionary, seed: int, device: st
 
 def stock_architecture(arch: str) -> Tuple[str, Dict[str, Any]]:
     """Stock fairseq's ``transformer`` architecture (and options) of the same sizes as ``arch``."""
-    if arch not in STOCK_ARCHITECTURES:
-        raise ValueError(f"no stock fairseq counterpart is known for --arch {arch}; "
-                         f"known: {', '.join(sorted(STOCK_ARCHITECTURES))}")
-    return STOCK_ARCHITECTURES[arch]
+    known = stock_architectures()
+    if arch not in known:
+        raise ValueError(f"no stock fairseq counterpart is known for --arch {arch}; known: {', '.join(sorted(known))}")
+    return known[arch]
 
 
 def describe_stock_architecture(arch: str) -> str:

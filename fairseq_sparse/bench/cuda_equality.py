@@ -25,7 +25,7 @@ import torch
 
 import fairseq_sparse  # noqa: F401
 from fairseq_sparse.core.attention import DEFAULT_K, attention_names
-from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, build, build_row, build_stock_reference,
+from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, stock_architectures, build, build_row, build_stock_reference,
                                          make_batch, random_sentences, row_sublayers, synthetic_dictionary)
 
 L0DROP_EVERY_LAYER = "l0drop_every_layer"
@@ -36,7 +36,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--functions", nargs="+", default=None,
                         help=f"rows (default: every registered function, {L0DROP}, {L0DROP_EVERY_LAYER} and {FAIRSEQ})")
-    parser.add_argument("--arch", default="transformer_sparse_mini", choices=sorted(STOCK_ARCHITECTURES))
+    parser.add_argument("--arch", default="transformer_sparse_mini", choices=sorted(stock_architectures()))
     parser.add_argument("--device", default="cuda", help="the device compared with the CPU (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--src-len", type=int, default=24, help="max length of the random sentences (min is half)")

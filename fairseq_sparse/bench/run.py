@@ -59,7 +59,7 @@ from fairseq.data import Dictionary
 
 import fairseq_sparse  # noqa: F401
 from fairseq_sparse.core.attention import ATTN_IMPLS, DEFAULT_K, attention_names
-from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, STOCK_ARCHITECTURES, add_dtype_option, compare_models,
+from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, stock_architectures, add_dtype_option, compare_models,
                                          load_binarised_pairs, make_batch, random_sentences, resolve_dtype,
                                          synthetic_dictionary)
 from fairseq_sparse.bench.long_lengths import long_job
@@ -89,7 +89,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                              f"'{FAIRSEQ}' (stock fairseq) and softmax are always measured, as the references")
     parser.add_argument("--arch", default="transformer_sparse_iwslt_de_en",
                         help=f"a transformer_sparse architecture with a stock fairseq counterpart: "
-                             f"{', '.join(sorted(STOCK_ARCHITECTURES))} (default: %(default)s)")
+                             f"{', '.join(sorted(stock_architectures()))} (default: %(default)s)")
     parser.add_argument("--k", type=int, default=DEFAULT_K, help="k for functions that take it")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     add_dtype_option(parser)
@@ -122,9 +122,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for name in args.functions:
         if name not in (L0DROP, FAIRSEQ) and name not in attention_names():
             parser.error(f"unknown row {name!r}; valid choices: {FAIRSEQ}, {L0DROP}, {', '.join(attention_names())}")
-    if args.arch not in STOCK_ARCHITECTURES:
+    if args.arch not in stock_architectures():
         parser.error(f"--arch {args.arch}: no stock fairseq counterpart is known; choose one of "
-                     f"{', '.join(sorted(STOCK_ARCHITECTURES))}")
+                     f"{', '.join(sorted(stock_architectures()))}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device")
     if args.single_sentences < 1 or args.batch_size < 1 or args.repeats < 1 or args.long_batch_size < 1:

@@ -1,8 +1,8 @@
 """What a table's column measures: a registry of measures, each one object.
 
-A measure names the command output it reads (``source``: a decode, the attention analysis, the
-L0Drop sparsity count, or the training log; the plan runs those commands) and a function giving
-one seed's value. A new measure is one function and one ``register`` line; ``configs/README.md``
+A measure names the source object whose output it reads (``sources.py``: a decode, two decodes timed
+in turn, the attention analysis, the L0Drop sparsity count, or the training log; the plan asks it for
+a cell's commands) and a function giving one seed's value. A new measure is one function and one ``register`` line; ``configs/README.md``
 lists them for table authors. Reading the outputs is ``outputs.py``.
 
 A relative measure compares a row with the column's baseline row of the same seed. Where the
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Optional
 
+from fairseq_sparse.experiments.sources import ATTENTION, GENERATE, PRUNED, SPEED, SOURCES, TRAIN_LOG, Source
 from fairseq_sparse.experiments.outputs import (zero_weights, best_valid_loss, bleu, decode_seconds, decode_speeds,
                                                 encoder_outputs_pruned, null_rate, trained_epochs, trained_params,
                                                 train_words_per_second, training_seconds, valid_loss_per_epoch)
@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # only for annotations: the plan imports this registry
     from fairseq_sparse.experiments.plan import Plan
     from fairseq_sparse.experiments.schema import Column, Dataset, Row
 
-SOURCES = ("decode", "speed", "attention", "l0drop", "train_log")
 EPOCH_MEASURES = ("valid_loss_at", "valid_gap_at")  # their columns name an epoch (``epoch:``)
 Value = Callable[["Plan", "Dataset", "Row", "Column", int, Dict[str, str]], Optional[float]]
 
@@ -36,7 +35,7 @@ Value = Callable[["Plan", "Dataset", "Row", "Column", int, Dict[str, str]], Opti
 @dataclass(frozen=True)
 class Measure:
     name: str
-    source: str  # the command output it reads: one of SOURCES
+    source: Source  # the kind of command whose output it reads (``sources.py``)
     value: Value  # one seed's value (None: does not apply to this row); may record a BLEU signature per column
     relative: bool = False  # against the column's ``baseline`` row
     digits: int = 2
@@ -55,11 +54,11 @@ class Measure:
 MEASURES: Dict[str, Measure] = {}
 
 
-def register(name: str, source: str, relative: bool = False, digits: int = 2, signed: bool = False, timed: bool = False,
+def register(name: str, source: Source, relative: bool = False, digits: int = 2, signed: bool = False, timed: bool = False,
              combine: Optional[Callable[[float, float], float]] = None, clocks_command: bool = False):
     """Decorator: register ``fn`` as the measure ``name``."""
-    if source not in SOURCES:
-        raise ValueError(f"measure {name}: source must be one of {SOURCES}, got {source!r}")
+    if not any(source is known for known in SOURCES):
+        raise ValueError(f"measure {name}: source must be one of sources.SOURCES, got {source!r}")
 
     def add(fn: Value) -> Value:
         MEASURES[name] = Measure(name, source, fn, relative, digits, signed, timed, clocks_command, combine)
@@ -70,76 +69,68 @@ def register(name: str, source: str, relative: bool = False, digits: int = 2, si
 
 
 
-def _generated(plan: "Plan", ds, row, col, seed: int) -> Path:
-    return plan.generate_step(ds, row, col, seed).output
-
-
-def _train_log(plan: "Plan", ds, row, seed: int) -> Path:
-    return plan.run_dir(ds, row, seed) / "train.log"
-
-
-@register("bleu_delta", "decode", relative=True, signed=True, combine=operator.sub)  # minus the baseline's, same seed
-@register("bleu", "decode")
+@register("bleu_delta", GENERATE, relative=True, signed=True, combine=operator.sub)  # minus the baseline's, same seed
+@register("bleu", GENERATE)
 def bleu_score(plan, ds, row, col, seed, signatures):
-    value, signatures[col.id] = bleu(plan, ds, col, _generated(plan, ds, row, col, seed))
+    value, signatures[col.id] = bleu(plan, ds, col, GENERATE.output(plan, ds, row, col, seed))
     return value
 
 
-@register("decode_time", "decode", digits=1, clocks_command=True)
+@register("decode_time", GENERATE, digits=1, clocks_command=True)
 def decode_time(plan, ds, row, col, seed, signatures):
-    return decode_seconds(_generated(plan, ds, row, col, seed))
+    return decode_seconds(GENERATE.output(plan, ds, row, col, seed))
 
 
 def _speed_ratio(plan: "Plan", ds, row, col, seed: int, field: str) -> float:
     """This row's median ``field`` over the baseline row's, the two decoded in turn in one run."""
     if row.id == col.baseline:
         return 1.0
-    medians = decode_speeds(plan.speed_step(ds, row, col, seed).output, field)
+    medians = decode_speeds(SPEED.output(plan, ds, row, col, seed), field)
     return medians[row.id] / max(medians[col.baseline], 1e-9)
 
 
-@register("decode_speedup", "speed", relative=True, clocks_command=True)
+@register("decode_speedup", SPEED, relative=True, clocks_command=True)
 def decode_speedup(plan, ds, row, col, seed, signatures):
     """The baseline row's decoding seconds over this row's (> 1: faster)."""
     return 1.0 / max(_speed_ratio(plan, ds, row, col, seed, "seconds"), 1e-9)
 
 
-@register("decode_token_speedup", "speed", relative=True, clocks_command=True)
+@register("decode_token_speedup", SPEED, relative=True, clocks_command=True)
 def decode_token_speedup(plan, ds, row, col, seed, signatures):
     """Generated tokens/s over the baseline row's: fair when the models' outputs differ in length."""
     return _speed_ratio(plan, ds, row, col, seed, "tokens_per_second")
 
 
-@register("train_speedup", "train_log", relative=True, timed=True, combine=operator.truediv)  # over the baseline's
+@register("train_speedup", TRAIN_LOG, relative=True, timed=True, combine=operator.truediv)  # over the baseline's
 def train_words(plan, ds, row, col, seed, signatures):
     """Median training words/s of the row's run."""
-    return train_words_per_second(_train_log(plan, ds, row, seed))
+    return train_words_per_second(TRAIN_LOG.output(plan, ds, row, col, seed))
 
 
-@register("params_m", "train_log", digits=1)
+@register("params_m", TRAIN_LOG, digits=1)
 def params_m(plan, ds, row, col, seed, signatures):
-    return trained_params(_train_log(plan, ds, row, seed)) / 1e6
+    return trained_params(TRAIN_LOG.output(plan, ds, row, col, seed)) / 1e6
 
 
-@register("epochs", "train_log", digits=1)
+@register("epochs", TRAIN_LOG, digits=1)
 def epochs(plan, ds, row, col, seed, signatures):
-    return trained_epochs(_train_log(plan, ds, row, seed))
+    return trained_epochs(TRAIN_LOG.output(plan, ds, row, col, seed))
 
 
-@register("train_minutes", "train_log", digits=0, timed=True)
+@register("train_minutes", TRAIN_LOG, digits=0, timed=True)
 def train_minutes(plan, ds, row, col, seed, signatures):
-    return training_seconds(_train_log(plan, ds, row, seed)) / 60
+    return training_seconds(TRAIN_LOG.output(plan, ds, row, col, seed)) / 60
 
 
-@register("best_valid_loss", "train_log", digits=3)
+@register("best_valid_loss", TRAIN_LOG, digits=3)
 def valid_loss(plan, ds, row, col, seed, signatures):
     if "--disable-validation" in plan.train_argv(ds, row, seed):
         return None  # not measured: the row trains without validation (a fixed fine-tuning budget)
-    return best_valid_loss(_train_log(plan, ds, row, seed))
+    return best_valid_loss(TRAIN_LOG.output(plan, ds, row, col, seed))
 
 
-@register("valid_gap_at", "train_log", relative=True, digits=3, signed=True, combine=operator.sub)
-@register("valid_loss_at", "train_log", digits=3)
+@register("valid_gap_at", TRAIN_LOG, relative=True, digits=3, signed=True, combine=operator.sub)
+@register("valid_loss_at", TRAIN_LOG, digits=3)
 def valid_loss_at_epoch(plan, ds, row, col, seed, signatures):
     """The validation loss after epoch ``col.epoch``: curves compared at fixed epochs (``valid_gap_at``:
     minus the baseline's). Not measured (None) where the row trains without validation, to fewer epochs
@@ -148,7 +139,7 @@ def valid_loss_at_epoch(plan, ds, row, col, seed, signatures):
     argv = plan.train_argv(ds, row, seed)
     if not validates_epoch(argv, col.epoch):
         return None
-    log = _train_log(plan, ds, row, seed)
+    log = TRAIN_LOG.output(plan, ds, row, col, seed)
     losses = valid_loss_per_epoch(log)
     if col.epoch not in losses and "--patience" in argv and losses and max(losses) < col.epoch:
         return None  # early stopping ended the run first (the measure runs once the training finished)
@@ -164,18 +155,18 @@ def validates_epoch(train_argv, epoch: int) -> bool:
     return "--disable-validation" not in train_argv and not (planned and planned[-1] < epoch)
 
 
-@register("pruned", "l0drop")
+@register("pruned", PRUNED)
 def pruned_percent(plan, ds, row, col, seed, signatures):
     if not plan.prunes(ds, row):
         return 0.0  # nothing can be pruned: the paper's 0.00% of the baseline
-    return encoder_outputs_pruned(plan.l0drop_pruned_step(ds, row, col, seed).output)
+    return encoder_outputs_pruned(PRUNED.output(plan, ds, row, col, seed))
 
 
-@register("zero_weights", "attention")
+@register("zero_weights", ATTENTION)
 def zero_weights_percent(plan, ds, row, col, seed, signatures):
-    return zero_weights(plan.attention_step(ds, row, col, seed).output)
+    return zero_weights(ATTENTION.output(plan, ds, row, col, seed))
 
 
-@register("null_rate", "attention")
+@register("null_rate", ATTENTION)
 def null_queries(plan, ds, row, col, seed, signatures):
-    return null_rate(plan.attention_step(ds, row, col, seed).output)
+    return null_rate(ATTENTION.output(plan, ds, row, col, seed))

@@ -43,6 +43,11 @@ class Plan:
         self.models_root = (models_root or out / "models") / table.profile
         self.smoke = table.profile == "smoke"
         self.seeds_override = seeds
+        self._prunes: Dict[Tuple[str, str], bool] = {}
+    # the tools and the plugin the commands run (sources build their commands with these)
+    tool = staticmethod(tool)
+    user_dir = USER_DIR
+    bin = BIN
 
     # -- per dataset
     def data_dir(self, ds: Dataset) -> Path:
@@ -152,62 +157,18 @@ class Plan:
         return row.datasets is None or ds.id in row.datasets
 
     def prunes(self, ds: Dataset, row: Row) -> bool:
-        """Whether the row's model removes encoder outputs (L0Drop gates or a rule-based pattern)."""
-        return SparseModelOptions.from_command_line(self.train_argv(ds, row, 1)).uses_gated_encoder
+        """Whether the row's model removes encoder outputs (L0Drop gates or a rule-based pattern): read from
+        its model options, once per row."""
+        key = (ds.id, row.id)
+        if key not in self._prunes:
+            self._prunes[key] = SparseModelOptions.from_command_line(self.train_argv(ds, row, 1)).uses_gated_encoder
+        return self._prunes[key]
 
     def generate_args(self, ds: Dataset, row: Row, col: Column) -> List[str]:
         # smoke replaces the paper's decoding defaults, not what a table asks of one row or column (e.g. batch 1)
         return merge_args(self.setting(ds, row).get("generate", ""), self.table.smoke.get("generate") if self.smoke else None,
                           ds.generate_args, row.generate_args, col.generate_args,
                           drop=self.table.smoke.get("drop", []) if self.smoke else [])
-
-    def generate_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
-        args = self.generate_args(ds, row, col)
-        key = hashlib.sha1(" ".join([col.split, *args]).encode()).hexdigest()[:8]
-        out = self.out / "decode" / ds.id / row.id / f"seed{seed}" / f"{col.split}.{key}.txt"
-        argv = [*tool("fairseq-generate"), str(self.data_dir(ds) / "bin"), "--user-dir", USER_DIR,
-                "--path", str(self.checkpoint(ds, row, seed)), "--gen-subset", col.split, *args,
-                "--post-process", ds.post_process]
-        return Step("generate", argv, out, out, f"decode {row.id} on {ds.id} {col.split} (seed {seed})",
-                    needs=(self.model_key(ds, row, seed),))
-
-    def speed_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
-        """The row's and the column's baseline row's decodes timed in turn, in one run
-        (``fairseq_sparse.bench.decode_speed``): decodes timed hours apart differ by more than the effect."""
-        pair = [row, self.table.row(col.baseline)]
-        runs = [shlex.join(self.generate_step(ds, r, col, seed).argv[1:]) for r in pair]
-        rounds = 1 if self.smoke else col.rounds
-        # keyed like a decode, by what is decoded and how (not by paths): a checkout elsewhere finds it
-        decoded = [rounds, col.split, col.baseline, *(self.generate_args(ds, r, col) for r in pair)]
-        key = hashlib.sha1(repr(decoded).encode()).hexdigest()[:8]
-        out = self.out / "speed" / ds.id / row.id / f"seed{seed}" / f"{col.split}.{key}.csv"
-        argv = [sys.executable, "-m", "fairseq_sparse.bench.decode_speed", "--rounds", str(rounds), "--out", str(out),
-                "--generate", str(BIN / "fairseq-generate")]
-        for r, run in zip(pair, runs):
-            argv += ["--run", r.id, run]
-        return Step("speed", argv, out, out.with_suffix(".log"),
-                    f"decode speed of {row.id} and {col.baseline} in turn on {ds.id} {col.split} (seed {seed})",
-                    needs=tuple(self.model_key(ds, r, seed) for r in pair))
-
-    def l0drop_pruned_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
-        """The share of encoder outputs the row's gates or pattern prune on the column's split."""
-        out = self.out / "analysis" / ds.id / row.id / f"seed{seed}" / f"l0drop-pruned.{col.split}.txt"
-        argv = [sys.executable, "-m", "fairseq_sparse.l0drop_pruned", str(self.data_dir(ds) / "bin"),
-                "--path", str(self.checkpoint(ds, row, seed)), "--split", col.split, *(["--cpu"] if self.smoke else [])]
-        return Step("pruned", argv, out, out, f"encoder outputs L0Drop prunes in {row.id} on {ds.id} (seed {seed})",
-                    needs=(self.model_key(ds, row, seed),))
-
-    def attention_step(self, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
-        """Attention statistics (zero weights, null queries) of the row's model, decoded as the row decodes."""
-        base = self.out / "analysis" / ds.id / row.id / f"seed{seed}"
-        overrides = self.model_overrides(ds, row)
-        tag = "" if overrides == "{}" else "." + hashlib.sha1(overrides.encode()).hexdigest()[:8]
-        out = base / f"attention-{col.split}{tag}"
-        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "zero-weights", str(self.data_dir(ds) / "bin"),
-                "--path", str(self.checkpoint(ds, row, seed)), "--split", col.split, "--out", str(out),
-                "--model-overrides", overrides, *(["--cpu"] if self.smoke else [])]
-        return Step("zero_weights", argv, out / "zero_weights.csv", base / f"attention-{col.split}{tag}.log",
-                    f"zero attention weights of {row.id} on {ds.id} (seed {seed})", needs=(self.model_key(ds, row, seed),))
 
     def model_overrides(self, ds: Dataset, row: Row) -> str:
         """The row's fairseq-generate --model-overrides (a reused model decoded otherwise), or "{}"."""
@@ -217,16 +178,7 @@ class Plan:
     def measure_steps(self, ds: Dataset, row: Row, col: Column, seed: int) -> List[Step]:
         """The commands whose output the column reads (none for numbers from the training log)."""
         measure = MEASURES[col.measure]
-        steps = []
-        if measure.source == "l0drop" and self.prunes(ds, row):  # a model without gates or a pattern prunes nothing
-            steps = [self.l0drop_pruned_step(ds, row, col, seed)]
-        elif measure.source == "attention":
-            steps = [self.attention_step(ds, row, col, seed)]
-        elif measure.source == "speed" and row.id != col.baseline:  # the baseline against itself is 1 by definition
-            steps = [self.speed_step(ds, row, col, seed)]
-        elif measure.source == "decode":
-            rows = [row] + ([self.table.row(col.baseline)] if measure.reads_baseline_model() else [])
-            steps = [self.generate_step(ds, r, col, seed) for r in rows]
+        steps = measure.source.steps(self, ds, row, col, seed, measure)
         return [replace(step, runs_alone=measure.clocks_command) for step in steps]
 
     def steps(self, every_seed: bool = False) -> List[Step]:

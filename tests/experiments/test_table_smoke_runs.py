@@ -98,7 +98,7 @@ def test_a_recorded_table_keeps_its_heatmaps_and_needs_no_model_again(smoke_root
     assert steps_to_run(plan, plan.steps(), Record(results, "demo")) == []
     (results / "demo.seeds.csv").unlink()  # without the cells: every step again, the heatmap still kept
     assert {s.kind for s in steps_to_run(plan, plan.steps(), Record(results, "demo"))} == {
-        "prep", "train", "average", "generate", "speed", "zero_weights", "pruned"}
+        "prep", "train", "average", "generate", "speed", "attention", "pruned"}
 
 
 def test_a_fine_tune_cut_short_resumes_from_its_own_checkpoint(smoke_root):

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from fairseq_sparse import tables
+from fairseq_sparse.experiments.sources import GENERATE, SPEED
 from fairseq_sparse.tables import ConfigError, load_table, merge_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,12 +157,12 @@ def test_a_speed_column_times_the_row_and_its_baseline_in_one_run(configs, tmp_p
         runs = [step.argv[i + 1:i + 3] for i, word in enumerate(step.argv) if word == "--run"]
         assert [label for label, _ in runs] == ["b", "a"]
         # each run is exactly the row's own decoding command (fairseq-generate's arguments)
-        assert runs[0][1] == shlex.join(plan.generate_step(ds, table.row("b"), col, 1).argv[1:])
+        assert runs[0][1] == shlex.join(GENERATE.step(plan, ds, table.row("b"), col, 1).argv[1:])
         assert step.needs == (plan.model_key(ds, table.row("b"), 1), plan.model_key(ds, table.row("a"), 1))
         # found again from a checkout whose data (and fairseq-generate, user dir) lie elsewhere: keyed by what it decodes
         elsewhere = tables.Plan(table, tmp_path, tmp_path / "other-data", None)
-        assert elsewhere.speed_step(ds, table.row("b"), col, 1).output == step.output
-        assert elsewhere.speed_step(ds, table.row("b"), col, 1).argv != step.argv
+        assert SPEED.step(elsewhere, ds, table.row("b"), col, 1).output == step.output
+        assert SPEED.step(elsewhere, ds, table.row("b"), col, 1).argv != step.argv
 
 
 def test_only_a_command_whose_running_time_a_column_reads_runs_alone(configs, tmp_path):
@@ -492,7 +493,7 @@ def test_valid_loss_at_an_epoch_reads_that_epochs_validation(tmp_path, monkeypat
     log = tmp_path / "train.log"
     log.write_text("| valid | epoch 001 | valid on 'valid' subset | loss 7.5 | x\n"
                    "| valid | epoch 002 | valid on 'valid' subset | loss 6.25 | x\n")
-    monkeypatch.setattr(measures, "_train_log", lambda plan, ds, row, seed: log)
+    monkeypatch.setattr(measures.TRAIN_LOG, "output", lambda plan, ds, row, col, seed: log)
     plan = SimpleNamespace(train_argv=lambda ds, row, seed: ["fairseq-train"])
     at = measures.valid_loss_at_epoch
     assert "valid_loss_at" in measures.MEASURES

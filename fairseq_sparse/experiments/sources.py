@@ -1,0 +1,137 @@
+"""The kinds of command whose output a column reads, one object each: it builds its command for a cell
+from what the plan hands it (the owner of the output's path, so of its identity) and says which
+commands a cell needs. A measure names its source object; the plan asks the measure's source for a
+cell's commands, with no dispatch on names. Reading an output is ``outputs.py``.
+
+Each source is named by the kind of step it makes (``Step.kind``): ``generate`` (fairseq-generate),
+``speed`` (two decodes timed in turn), ``attention`` (the attention analysis), ``pruned`` (the share
+of encoder outputs L0Drop prunes) and ``train`` (the training log, which the training step writes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, List
+
+from fairseq_sparse.experiments.step import Step
+
+if TYPE_CHECKING:  # only for annotations: the plan hands itself to the sources
+    from fairseq_sparse.experiments.measures import Measure
+    from fairseq_sparse.experiments.plan import Plan
+    from fairseq_sparse.experiments.schema import Column, Dataset, Row
+
+
+class Source:
+    """A kind of command a measure reads the output of."""
+
+    kind = ""
+
+    def step(self, plan: "Plan", ds: "Dataset", row: "Row", col: "Column", seed: int) -> Step:
+        """The command whose output the measure of ``col`` reads for ``row`` and ``seed``."""
+        raise NotImplementedError
+
+    def output(self, plan: "Plan", ds: "Dataset", row: "Row", col: "Column", seed: int) -> Path:
+        return self.step(plan, ds, row, col, seed).output
+
+    def steps(self, plan: "Plan", ds: "Dataset", row: "Row", col: "Column", seed: int, measure: "Measure") -> List[Step]:
+        """The commands one cell needs (none where the measure needs no command for the row)."""
+        return [self.step(plan, ds, row, col, seed)]
+
+
+class Generate(Source):
+    """fairseq-generate of the row's model on the column's split, as the row and column decode."""
+
+    kind = "generate"
+
+    def step(self, plan, ds, row, col, seed):
+        args = plan.generate_args(ds, row, col)
+        key = hashlib.sha1(" ".join([col.split, *args]).encode()).hexdigest()[:8]
+        out = plan.out / "decode" / ds.id / row.id / f"seed{seed}" / f"{col.split}.{key}.txt"
+        argv = [*plan.tool("fairseq-generate"), str(plan.data_dir(ds) / "bin"), "--user-dir", plan.user_dir,
+                "--path", str(plan.checkpoint(ds, row, seed)), "--gen-subset", col.split, *args,
+                "--post-process", ds.post_process]
+        return Step(self.kind, argv, out, out, f"decode {row.id} on {ds.id} {col.split} (seed {seed})",
+                    needs=(plan.model_key(ds, row, seed),))
+
+    def steps(self, plan, ds, row, col, seed, measure):
+        rows = [row] + ([plan.table.row(col.baseline)] if measure.reads_baseline_model() else [])
+        return [self.step(plan, ds, r, col, seed) for r in rows]
+
+
+class Speed(Source):
+    """The row's and the column's baseline row's decodes timed in turn, in one run
+    (``fairseq_sparse.bench.decode_speed``): decodes timed hours apart differ by more than the effect."""
+
+    kind = "speed"
+
+    def step(self, plan, ds, row, col, seed):
+        pair = [row, plan.table.row(col.baseline)]
+        runs = [shlex.join(GENERATE.step(plan, ds, r, col, seed).argv[1:]) for r in pair]
+        rounds = 1 if plan.smoke else col.rounds
+        # keyed like a decode, by what is decoded and how (not by paths): a checkout elsewhere finds it
+        decoded = [rounds, col.split, col.baseline, *(plan.generate_args(ds, r, col) for r in pair)]
+        key = hashlib.sha1(repr(decoded).encode()).hexdigest()[:8]
+        out = plan.out / "speed" / ds.id / row.id / f"seed{seed}" / f"{col.split}.{key}.csv"
+        argv = [sys.executable, "-m", "fairseq_sparse.bench.decode_speed", "--rounds", str(rounds), "--out", str(out),
+                "--generate", str(plan.bin / "fairseq-generate")]
+        for r, run in zip(pair, runs):
+            argv += ["--run", r.id, run]
+        return Step(self.kind, argv, out, out.with_suffix(".log"),
+                    f"decode speed of {row.id} and {col.baseline} in turn on {ds.id} {col.split} (seed {seed})",
+                    needs=tuple(plan.model_key(ds, r, seed) for r in pair))
+
+    def steps(self, plan, ds, row, col, seed, measure):
+        return [] if row.id == col.baseline else [self.step(plan, ds, row, col, seed)]  # 1 by definition
+
+
+class Attention(Source):
+    """Attention statistics (zero weights, null queries) of the row's model, decoded as the row decodes."""
+
+    kind = "attention"
+
+    def step(self, plan, ds, row, col, seed):
+        base = plan.out / "analysis" / ds.id / row.id / f"seed{seed}"
+        overrides = plan.model_overrides(ds, row)
+        tag = "" if overrides == "{}" else "." + hashlib.sha1(overrides.encode()).hexdigest()[:8]
+        out = base / f"attention-{col.split}{tag}"
+        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "zero-weights", str(plan.data_dir(ds) / "bin"),
+                "--path", str(plan.checkpoint(ds, row, seed)), "--split", col.split, "--out", str(out),
+                "--model-overrides", overrides, *(["--cpu"] if plan.smoke else [])]
+        return Step(self.kind, argv, out / "zero_weights.csv", base / f"attention-{col.split}{tag}.log",
+                    f"zero attention weights of {row.id} on {ds.id} (seed {seed})", needs=(plan.model_key(ds, row, seed),))
+
+
+class Pruned(Source):
+    """The share of encoder outputs the row's gates or pattern prune on the column's split."""
+
+    kind = "pruned"
+
+    def step(self, plan, ds, row, col, seed):
+        out = plan.out / "analysis" / ds.id / row.id / f"seed{seed}" / f"l0drop-pruned.{col.split}.txt"
+        argv = [sys.executable, "-m", "fairseq_sparse.l0drop_pruned", str(plan.data_dir(ds) / "bin"),
+                "--path", str(plan.checkpoint(ds, row, seed)), "--split", col.split, *(["--cpu"] if plan.smoke else [])]
+        return Step(self.kind, argv, out, out, f"encoder outputs L0Drop prunes in {row.id} on {ds.id} (seed {seed})",
+                    needs=(plan.model_key(ds, row, seed),))
+
+    def steps(self, plan, ds, row, col, seed, measure):
+        # a model without gates or a pattern prunes nothing: no command, its value is 0
+        return [self.step(plan, ds, row, col, seed)] if plan.prunes(ds, row) else []
+
+
+class TrainLog(Source):
+    """The row's training log, which its training step writes: no command of its own."""
+
+    kind = "train"
+
+    def output(self, plan, ds, row, col, seed):
+        return plan.run_dir(ds, row, seed) / "train.log"
+
+    def steps(self, plan, ds, row, col, seed, measure):
+        return []
+
+
+GENERATE, SPEED, ATTENTION, PRUNED, TRAIN_LOG = Generate(), Speed(), Attention(), Pruned(), TrainLog()
+SOURCES = (GENERATE, SPEED, ATTENTION, PRUNED, TRAIN_LOG)

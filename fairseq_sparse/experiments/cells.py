@@ -18,30 +18,50 @@ from fairseq_sparse.experiments.schema import Column, Dataset, Row
 
 logger = logging.getLogger("fairseq_sparse.experiments")
 
-FAILED = float("nan")  # a cell whose model failed to train or decode
+@dataclass(frozen=True)
+class Value:
+    """One seed's value of a cell, its state said: measured (``number``), not applicable (the measure does
+    not apply to the row: no number, no failure), or failed (``failure`` says why)."""
+
+    number: Optional[float] = None
+    failure: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.number is not None and not self.failure
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failure)
+
+
+NOT_APPLICABLE = Value()
 
 
 @dataclass
 class Results:
-    """Per (row id, column id): the mean over seeds, (std, number of seeds), and the signatures per column."""
+    """Per (row id, column id): the mean over seeds of measured cells, (std, number of seeds), the reason
+    of each failed cell, and the signatures per column. A cell in neither is not applicable or not measured."""
 
     means: Dict[Tuple[str, str], float] = field(default_factory=dict)
     spreads: Dict[Tuple[str, str], Tuple[float, int]] = field(default_factory=dict)
+    failures: Dict[Tuple[str, str], str] = field(default_factory=dict)
     signatures: Dict[str, str] = field(default_factory=dict)
     seeds_done: Dict[str, List[int]] = field(default_factory=dict)  # per row: seeds with every cell measured
 
     def get(self, key: Tuple[str, str]) -> Optional[float]:
+        """The cell's mean if it was measured, else None (see ``failures``)."""
         return self.means.get(key)
 
-    def items(self):
-        return self.means.items()
+    def failed_rows(self) -> List[str]:
+        return sorted({row for row, _ in self.failures})
 
 
 @dataclass(frozen=True)
 class Number:
     """One seed's number of one cell (for a measure with ``combine``: the row's own number)."""
 
-    value: Optional[float]
+    value: Value
     finished: bool  # recorded, or every command it reads has run
     cell: Cell
     key: str  # its commands' identity in the record
@@ -53,7 +73,8 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, 
     run yet are left out of a cell (a study completed over several sittings); otherwise they count as
     failed, except, given ``ran`` (the outputs of the commands this run was to run), seeds whose missing
     commands were not among them (rows not chosen by --rows). ``record``: a seed recorded from the same
-    commands is read from it, and one measured here is added. A cell with a failed seed is failed."""
+    commands is read from it, and one measured here is added to it (the caller writes it: ``Record.save``).
+    A cell with a failed seed is failed."""
     table, results = plan.table, Results()
     numbers: Dict[Tuple[str, str, int], Number] = {}
     for col in table.columns:
@@ -74,33 +95,40 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, 
                 if combine:  # against the baseline row's own number of the same seed
                     base = numbers.get((col.baseline, col.id, seed))
                     finished = finished and base is not None and base.finished
-                    value = None if value is None or base is None or base.value is None else combine(value, base.value)
+                    value = combined(combine, value, base.value if base else NOT_APPLICABLE)
                     recorded = record.get(ours.cell, ours.key) if record else None
-                    if recorded and finished and value == value:  # the record shows the value beside the row's own number
-                        record.put(ours.cell, replace(recorded, value=value))
-                if not finished and (finished_only or value is None):  # not measured (yet): a failure is nan
+                    if recorded and finished and value.measured:  # the record shows the value beside the row's own number
+                        record.put(ours.cell, replace(recorded, value=value.number))
+                if not finished and (finished_only or value == NOT_APPLICABLE):  # not measured (yet)
                     continue
                 seeds.append(seed)
-                if value is not None:
-                    values.append(value)
+                values.append(value)
             not_measured = set(plan.seeds(ds)) - set(plan.column_seeds(ds, col))  # a first_seeds column
             complete = (set(seeds) | not_measured) if complete is None else complete & (set(seeds) | not_measured)
-            summary = summarise(values)
+            failures = [v.failure for v in values if v.failed]
+            if failures:  # a mean over the seeds that finished would hide the failure
+                results.failures[row.id, col.id] = failures[0]
+                continue
+            summary = summarise([v.number for v in values if v.measured])
             if summary:
                 results.means[row.id, col.id] = summary[0]
                 if summary[1] is not None:
                     results.spreads[row.id, col.id] = summary[1]
         results.seeds_done[row.id] = sorted(complete or ())
-    if record:
-        record.save()
     return results
 
 
-def summarise(values: List[float]) -> Optional[Tuple[float, Optional[Tuple[float, int]]]]:
-    """One cell's seeds as (mean, (std, number of seeds)); (FAILED, None) if any seed failed (a mean
-    over the others would hide it); None if no seed was measured."""
-    if any(v != v for v in values):
-        return FAILED, None
+def combined(combine, ours: Value, base: Value) -> Value:
+    """A relative cell's value from the row's own number and the baseline row's."""
+    if ours.failed or base.failed:
+        return ours if ours.failed else Value(failure=f"its baseline: {base.failure}")
+    if not (ours.measured and base.measured):
+        return NOT_APPLICABLE
+    return Value(combine(ours.number, base.number))
+
+
+def summarise(values: List[float]) -> Optional[Tuple[float, Tuple[float, int]]]:
+    """One cell's measured seeds as (mean, (std, number of seeds)); None if no seed was measured."""
     if not values:
         return None
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
@@ -119,26 +147,29 @@ def number(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: R
     if recorded and not (combine and recorded.own is None and recorded.value is not None):
         if recorded.signature:
             results.signatures.setdefault(col.id, recorded.signature)
-        return Number(recorded.own if combine else recorded.value, True, cell, key)
+        return Number(Value(recorded.own if combine else recorded.value), True, cell, key)
     missing = {s.output for s in steps if not done(s)}
     if missing and (finished_only or (ran is not None and not missing <= ran)):
-        return Number(None, False, cell, key)
+        return Number(NOT_APPLICABLE, False, cell, key)
     finished = not missing
     models = {step.model for step in steps if step.model}
     value = measure(plan, ds, row, col, seed, results, models & failed)
-    if record and finished and value == value:
+    if record and finished and not value.failed:  # a failure is not recorded: it is tried again next time
         shared = MEASURES[col.measure].timed and trained_side_by_side(plan.run_dir(ds, row, seed) / "train.log")
         signature = results.signatures.get(col.id, "")
-        record.put(cell, Recorded(key, None if combine else value, signature, shared, value if combine else None))
+        record.put(cell, Recorded(key, None if combine else value.number, signature, shared,
+                                  value.number if combine else None))
     return Number(value, finished, cell, key)
 
 
-def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: Results, failed_models: set) -> Optional[float]:
-    """One seed's value of one cell; FAILED if a model it needs failed or its output cannot be read."""
+def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: Results, failed_models: set) -> Value:
+    """One seed's value of one cell: failed if a model it needs failed or its output cannot be read (with
+    why), not applicable if the measure does not apply to the row."""
     if failed_models:
-        return FAILED
+        return Value(failure="its model did not train: " + ", ".join(sorted(str(m[1]) for m in failed_models)))
     try:
-        return MEASURES[col.measure].value(plan, ds, row, col, seed, results.signatures)
+        number = MEASURES[col.measure].value(plan, ds, row, col, seed, results.signatures)
     except (StepError, OSError, ValueError) as e:  # its decode or analysis failed (reported when it ran)
         logger.warning("%s / %s: %s", row.id, col.id, e)
-        return FAILED
+        return Value(failure=str(e).splitlines()[0] if str(e) else type(e).__name__)
+    return NOT_APPLICABLE if number is None else Value(number)

@@ -114,6 +114,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        collect(plan, failed, record=record, ran={step.output for step in run.needed}))
             reports.append((plan.table, results, write_report(plan, results, record)))
             if record:
+                record.save()
                 publish(plan, record)
     except (ConfigError, RecordError, StepError) as e:
         print(f"tables: error: {e}", file=sys.stderr)
@@ -126,8 +127,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print()
         print(md.read_text(encoding="utf-8"))
         print(f"written: {md}, {md.with_suffix('.csv')}" + (f", {md.with_suffix('.png')}" if table.plot else ""))
-        failed_cells = {row for (row, _), value in results.items() if value != value}
-        unexpected = sorted(failed_cells - {r.id for r in table.rows if r.may_fail})
+        unexpected = sorted(set(results.failed_rows()) - {r.id for r in table.rows if r.may_fail})
         if unexpected:
             print(f"tables: error: these rows of {table.name} failed: {', '.join(unexpected)} (logs above)", file=sys.stderr)
             status = 1
@@ -139,6 +139,7 @@ def report_so_far(plan: Plan, record: Optional[Record]) -> None:
     if record:
         try:
             write_report(plan, collect(plan, finished_only=True, record=record), record)
+            record.save()
             publish(plan, record)
         except (StepError, OSError, ValueError) as e:  # the run goes on; the final report says what is wrong
             print(f"tables: warning: no report of the steps so far: {e}", file=sys.stderr)

@@ -16,12 +16,13 @@ from fairseq_sparse.experiments.record import Record
 from fairseq_sparse.experiments.runner import relative_to_cwd
 from fairseq_sparse.experiments.schema import Column
 
-def fmt(value: Optional[float], col: Column, spread: Optional[Tuple[float, int]] = None) -> str:
-    """A cell: the mean over seeds, "± std" when more than one seed finished."""
+def fmt(value: Optional[float], col: Column, spread: Optional[Tuple[float, int]] = None, failed: bool = False) -> str:
+    """A cell: the mean over seeds, "± std" when more than one seed finished; "failed"; "—" (not applicable
+    or not measured)."""
+    if failed:
+        return "failed"
     if value is None:
         return "—"
-    if value != value:
-        return "failed"
     digits, signed = MEASURES[col.measure].digits, MEASURES[col.measure].signed
     text = f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
     if spread and spread[1] > 1:
@@ -61,11 +62,11 @@ def write_report(plan: Plan, results: Results, record: Optional[Record] = None) 
         cells = [row.label]
         for col in table.columns:
             ours, theirs = results.get((row.id, col.id)), (row.paper or {}).get(col.id)
-            spread = results.spreads.get((row.id, col.id))
-            cells += [fmt(ours, col, spread)] + ([fmt(theirs, col)] if col.id in quoted else [])
+            spread, failed = results.spreads.get((row.id, col.id)), (row.id, col.id) in results.failures
+            cells += [fmt(ours, col, spread, failed)] + ([fmt(theirs, col)] if col.id in quoted else [])
             records.append({"row": row.id, "model": row.label, "column": col.id, "label": col.label, "dataset": col.dataset,
                             "measure": col.measure, "split": col.split,
-                            "ours": "" if ours is None else ("failed" if ours != ours else f"{ours:.4f}"),
+                            "ours": "failed" if failed else ("" if ours is None else f"{ours:.4f}"),
                             "std": "" if spread is None or spread[1] < 2 else f"{spread[0]:.4f}",
                             "seeds": "" if spread is None else spread[1],
                             "paper": "" if theirs is None else theirs, "profile": table.profile})
@@ -83,6 +84,10 @@ def write_report(plan: Plan, results: Results, record: Optional[Record] = None) 
         for cid, sig in results.signatures.items():
             col = next(c for c in table.columns if c.id == cid)
             lines.append(f"- {col.label}: `{sig}`" + (f"; the paper: {col.paper_scoring}" if col.paper_scoring else ""))
+        lines.append("")
+    if results.failures:
+        lines.append("Failed cells (a seed of theirs did not finish or could not be read):")
+        lines += [f"- {row} / {col}: {why}" for (row, col), why in sorted(results.failures.items())]
         lines.append("")
     notes = [f"- {ds.label}: {ds.note}" for ds in table.datasets.values() if ds.note]
     if table.profile == "smoke":
@@ -190,7 +195,7 @@ def write_plot(plan: Plan, results: Results) -> Path:
             for r in table.rows:
                 value = results.get((r.id, y)) if source == "ours" else (r.paper or {}).get(y)
                 x = r.x if x_key == "row" else (results.get((r.id, x_key)) if source == "ours" else (r.paper or {}).get(x_key))
-                if value is not None and x is not None and value == value and x == x:
+                if value is not None and x is not None:  # a failed cell has no mean
                     points.append((x, value))
             if points:
                 points.sort()

@@ -1,5 +1,5 @@
 """The package's layout rules: the plugin's core (what --user-dir loads) imports nothing of the
-tools around it, imports go one way (no cycle, function-level imports included), every file stays
+tools around it, imports go one way (no cycle, function-level and annotation-only imports included), every file stays
 small, no hook carries data between modules, and the checkout's top-level folders hold no logic."""
 
 import ast
@@ -15,22 +15,10 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def is_type_checking_block(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
-def runtime_imports(tree: ast.AST) -> List[ast.AST]:
-    """Every import statement, at any depth, except under ``if TYPE_CHECKING:`` (annotations only)."""
-    found, todo = [], [tree]
-    while todo:
-        node = todo.pop()
-        if is_type_checking_block(node):
-            todo.extend(node.orelse)
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append(node)
-        todo.extend(ast.iter_child_nodes(node))
-    return found
+def imports(tree: ast.AST) -> List[ast.AST]:
+    """Every import statement, at any depth, those under ``if TYPE_CHECKING:`` included: a cycle of
+    annotations is a cycle of what a reader must hold in mind at once."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def import_graph() -> Dict[str, Set[str]]:
@@ -38,7 +26,7 @@ def import_graph() -> Dict[str, Set[str]]:
     graph: Dict[str, Set[str]] = {name: set() for name in paths}
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in imports(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:

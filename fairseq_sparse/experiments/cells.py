@@ -14,7 +14,7 @@ from fairseq_sparse.experiments.outputs import trained_side_by_side
 from fairseq_sparse.experiments.plan import Plan
 from fairseq_sparse.experiments.record import Cell, Record, Recorded, cell_keys, cell_steps
 from fairseq_sparse.experiments.completion import done
-from fairseq_sparse.experiments.schema import Column, Dataset, Row
+from fairseq_sparse.experiments.table import Column, Dataset, Row
 
 logger = logging.getLogger("fairseq_sparse.experiments")
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
+from fairseq_sparse.experiments.plan_view import PlanView
 from fairseq_sparse.experiments.step import Step
-
-if TYPE_CHECKING:  # only for annotations: the plan imports this module
-    from fairseq_sparse.experiments.plan import Plan
 
 
 def heatmap_folder(table: str) -> Path:
@@ -18,18 +16,18 @@ def heatmap_folder(table: str) -> Path:
     return Path("heatmap") / table
 
 
-def drawn_heatmaps(plan: Plan) -> Optional[Path]:
+def drawn_heatmaps(plan: PlanView) -> Optional[Path]:
     """The folder of the heatmaps the table's output holds, once its heatmap step has run to the end."""
     folder = plan.out / heatmap_folder(plan.table.name)
     return folder if (folder / "heatmap.md").is_file() else None
 
 
-def heatmap_seed(plan: Plan) -> int:
+def heatmap_seed(plan: PlanView) -> int:
     """The seed whose models the heatmap draws: the table's first, whichever seeds a sitting runs."""
     return plan.seeds(plan.table.datasets[plan.table.heatmap["dataset"]])[0]
 
 
-def draws_heatmap(plan: Plan, every_seed: bool = False) -> bool:
+def draws_heatmap(plan: PlanView, every_seed: bool = False) -> bool:
     """Whether the table has a heatmap and this sitting (or, ``every_seed``, the whole table) runs its seed."""
     if not plan.table.heatmap:
         return False
@@ -37,7 +35,7 @@ def draws_heatmap(plan: Plan, every_seed: bool = False) -> bool:
     return every_seed or heatmap_seed(plan) in plan.seeds_to_run(ds)
 
 
-def heatmap_step(plan: Plan) -> Step:
+def heatmap_step(plan: PlanView) -> Step:
     """Attention of chosen sentences, the given rows' models side by side (``heatmap_seed``'s)."""
     spec = plan.table.heatmap
     ds = plan.table.datasets[spec["dataset"]]

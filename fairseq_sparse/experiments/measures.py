@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Optional
+from typing import Callable, Dict, Optional
 
-from fairseq_sparse.experiments.sources import ATTENTION, GENERATE, PRUNED, SPEED, SOURCES, TRAIN_LOG, Source
 from fairseq_sparse.experiments.outputs import (zero_weights, best_valid_loss, bleu, decode_seconds, decode_speeds,
                                                 encoder_outputs_pruned, null_rate, trained_epochs, trained_params,
                                                 train_words_per_second, training_seconds, valid_loss_per_epoch)
 
-if TYPE_CHECKING:  # only for annotations: the plan imports this registry
-    from fairseq_sparse.experiments.plan import Plan
-    from fairseq_sparse.experiments.schema import Column, Dataset, Row
+from fairseq_sparse.experiments.plan_view import PlanView
+from fairseq_sparse.experiments.sources import ATTENTION, GENERATE, PRUNED, SPEED, SOURCES, TRAIN_LOG, Source
+from fairseq_sparse.experiments.table import Column, Dataset, Row
 
 EPOCH_MEASURES = ("valid_loss_at", "valid_gap_at")  # their columns name an epoch (``epoch:``)
-Value = Callable[["Plan", "Dataset", "Row", "Column", int, Dict[str, str]], Optional[float]]
+Value = Callable[[PlanView, Dataset, Row, Column, int, Dict[str, str]], Optional[float]]
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ def decode_time(plan, ds, row, col, seed, signatures):
     return decode_seconds(GENERATE.output(plan, ds, row, col, seed))
 
 
-def _speed_ratio(plan: "Plan", ds, row, col, seed: int, field: str) -> float:
+def _speed_ratio(plan: PlanView, ds, row, col, seed: int, field: str) -> float:
     """This row's median ``field`` over the baseline row's, the two decoded in turn in one run."""
     if row.id == col.baseline:
         return 1.0

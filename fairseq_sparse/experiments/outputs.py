@@ -8,13 +8,11 @@ import csv
 import re
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import Dict, List, Tuple
 
 from fairseq_sparse.experiments.errors import StepError
-
-if TYPE_CHECKING:
-    from fairseq_sparse.experiments.plan import Plan
-    from fairseq_sparse.experiments.schema import Column, Dataset
+from fairseq_sparse.experiments.plan_view import PlanView
+from fairseq_sparse.experiments.table import Column, Dataset
 
 
 
@@ -23,7 +21,7 @@ def compound_split(line: str) -> str:
     return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line)
 
 
-def bleu(plan: "Plan", ds: "Dataset", col: "Column", generated: Path) -> Tuple[float, str]:
+def bleu(plan: PlanView, ds: Dataset, col: Column, generated: Path) -> Tuple[float, str]:
     """BLEU of one decode by the column's metric, with sacreBLEU's signature."""
     from fairseq_sparse import evaluate
 

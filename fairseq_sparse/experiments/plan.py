@@ -13,7 +13,7 @@ from fairseq_sparse.experiments.arguments import merge_args
 from fairseq_sparse.experiments.errors import ConfigError
 from fairseq_sparse.experiments.heatmap import draws_heatmap, heatmap_step
 from fairseq_sparse.experiments.measures import MEASURES
-from fairseq_sparse.experiments.schema import Column, Dataset, Row, Table
+from fairseq_sparse.experiments.table import Column, Dataset, Row, Table
 from fairseq_sparse.experiments.step import Step
 from fairseq_sparse.core.models.options import SparseModelOptions
 
@@ -178,7 +178,7 @@ class Plan:
     def measure_steps(self, ds: Dataset, row: Row, col: Column, seed: int) -> List[Step]:
         """The commands whose output the column reads (none for numbers from the training log)."""
         measure = MEASURES[col.measure]
-        steps = measure.source.steps(self, ds, row, col, seed, measure)
+        steps = measure.source.steps(self, ds, row, col, seed, measure.reads_baseline_model())
         return [replace(step, runs_alone=measure.clocks_command) for step in steps]
 
     def steps(self, every_seed: bool = False) -> List[Step]:

@@ -36,7 +36,7 @@ from fairseq_sparse.experiments.measures import EPOCH_MEASURES, MEASURES, valida
 
 if TYPE_CHECKING:
     from fairseq_sparse.experiments.plan import Plan, Step
-    from fairseq_sparse.experiments.schema import Column, Dataset, Row
+    from fairseq_sparse.experiments.table import Column, Dataset, Row
 
 Cell = Tuple[str, str, str, int]  # dataset, row, column, seed
 FIELDS = ["dataset", "row", "column", "seed", "commands", "value", "signature", "side_by_side", "own"]

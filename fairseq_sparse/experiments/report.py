@@ -14,7 +14,7 @@ from fairseq_sparse.experiments.outputs import train_loss_per_epoch, trained_sid
 from fairseq_sparse.experiments.plan import Plan
 from fairseq_sparse.experiments.record import Record
 from fairseq_sparse.experiments.runner import relative_to_cwd
-from fairseq_sparse.experiments.schema import Column
+from fairseq_sparse.experiments.table import Column
 
 def fmt(value: Optional[float], col: Column, spread: Optional[Tuple[float, int]] = None, failed: bool = False) -> str:
     """A cell: the mean over seeds, "± std" when more than one seed finished; "failed"; "—" (not applicable

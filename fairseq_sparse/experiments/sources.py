@@ -14,14 +14,12 @@ import hashlib
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, List
+from typing import List
 
 from fairseq_sparse.experiments.step import Step
 
-if TYPE_CHECKING:  # only for annotations: the plan hands itself to the sources
-    from fairseq_sparse.experiments.measures import Measure
-    from fairseq_sparse.experiments.plan import Plan
-    from fairseq_sparse.experiments.schema import Column, Dataset, Row
+from fairseq_sparse.experiments.plan_view import PlanView
+from fairseq_sparse.experiments.table import Column, Dataset, Row
 
 
 class Source:
@@ -29,15 +27,17 @@ class Source:
 
     kind = ""
 
-    def step(self, plan: "Plan", ds: "Dataset", row: "Row", col: "Column", seed: int) -> Step:
+    def step(self, plan: PlanView, ds: Dataset, row: Row, col: Column, seed: int) -> Step:
         """The command whose output the measure of ``col`` reads for ``row`` and ``seed``."""
         raise NotImplementedError
 
-    def output(self, plan: "Plan", ds: "Dataset", row: "Row", col: "Column", seed: int) -> Path:
+    def output(self, plan: PlanView, ds: Dataset, row: Row, col: Column, seed: int) -> Path:
         return self.step(plan, ds, row, col, seed).output
 
-    def steps(self, plan: "Plan", ds: "Dataset", row: "Row", col: "Column", seed: int, measure: "Measure") -> List[Step]:
-        """The commands one cell needs (none where the measure needs no command for the row)."""
+    def steps(self, plan: PlanView, ds: Dataset, row: Row, col: Column, seed: int,
+              reads_baseline_model: bool = False) -> List[Step]:
+        """The commands one cell needs (none where the measure needs no command for the row);
+        ``reads_baseline_model``: the measure compares the row's model with the baseline row's."""
         return [self.step(plan, ds, row, col, seed)]
 
 
@@ -56,8 +56,8 @@ class Generate(Source):
         return Step(self.kind, argv, out, out, f"decode {row.id} on {ds.id} {col.split} (seed {seed})",
                     needs=(plan.model_key(ds, row, seed),))
 
-    def steps(self, plan, ds, row, col, seed, measure):
-        rows = [row] + ([plan.table.row(col.baseline)] if measure.reads_baseline_model() else [])
+    def steps(self, plan, ds, row, col, seed, reads_baseline_model=False):
+        rows = [row] + ([plan.table.row(col.baseline)] if reads_baseline_model else [])
         return [self.step(plan, ds, r, col, seed) for r in rows]
 
 
@@ -83,7 +83,7 @@ class Speed(Source):
                     f"decode speed of {row.id} and {col.baseline} in turn on {ds.id} {col.split} (seed {seed})",
                     needs=tuple(plan.model_key(ds, r, seed) for r in pair))
 
-    def steps(self, plan, ds, row, col, seed, measure):
+    def steps(self, plan, ds, row, col, seed, reads_baseline_model=False):
         return [] if row.id == col.baseline else [self.step(plan, ds, row, col, seed)]  # 1 by definition
 
 
@@ -116,7 +116,7 @@ class Pruned(Source):
         return Step(self.kind, argv, out, out, f"encoder outputs L0Drop prunes in {row.id} on {ds.id} (seed {seed})",
                     needs=(plan.model_key(ds, row, seed),))
 
-    def steps(self, plan, ds, row, col, seed, measure):
+    def steps(self, plan, ds, row, col, seed, reads_baseline_model=False):
         # a model without gates or a pattern prunes nothing: no command, its value is 0
         return [self.step(plan, ds, row, col, seed)] if plan.prunes(ds, row) else []
 
@@ -129,7 +129,7 @@ class TrainLog(Source):
     def output(self, plan, ds, row, col, seed):
         return plan.run_dir(ds, row, seed) / "train.log"
 
-    def steps(self, plan, ds, row, col, seed, measure):
+    def steps(self, plan, ds, row, col, seed, reads_baseline_model=False):
         return []
 
 

@@ -16,7 +16,7 @@ rounding (tests/core/modules/test_function_in_chunks.py): the function is the sa
 same scores, cut by rows.
 """
 
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -24,9 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..attention import AttentionContext
 from .attention_masks import adds_to_visible_keys, attn_mask_rows, combine_masks, query_rows_of_context
-
-if TYPE_CHECKING:
-    from .sparse_multihead_attention import SparseMultiheadAttention
+from .attention_settings import AttentionSettings
 
 # A chunk holds at most this many (batch x head x query x key) entries, per device type. CPU: 2**19
 # float32 scores are 2 MiB, and a function keeps several such tensors per chunk (1.5-entmax's sort:
@@ -48,7 +46,7 @@ def function_chunks(q: Tensor, k: Tensor) -> Optional[List[slice]]:
     return [slice(start, min(start + step, tgt_len)) for start in range(0, tgt_len, step)]
 
 
-def function_in_chunks(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext,
+def function_in_chunks(attention: AttentionSettings, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext,
                        masks: Tuple[Optional[Tensor], Optional[Tensor]]) -> Tensor:
     """The registered function's output, (B, H, T, d_v), computed a chunk of queries (``function_chunks``) at a time.
 

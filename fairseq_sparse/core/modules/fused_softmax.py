@@ -10,7 +10,7 @@ leaves (softmax, top-k, the structured patterns), without (B, H, T, S) float mat
   (``gathered_attention.GatheredSoftmax``).
 """
 
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -19,11 +19,9 @@ from torch import Tensor
 from ..attention import AttentionContext
 from ..attention.functions import visible_keys
 from .attention_masks import attn_mask_rows, combine_masks, is_future_mask, query_rows, query_rows_of_context
+from .attention_settings import AttentionSettings
 from .gathered_attention import GatheredSoftmax, plan_gathered
 from .selected_softmax import ChunkPlan, SelectedSoftmaxInChunks
-
-if TYPE_CHECKING:
-    from .sparse_multihead_attention import SparseMultiheadAttention
 
 # Query chunks of the chunked path hold at most this many (query, key) entries per chunk
 # (float32 scores, or the int64 ranks of a pattern): 2**20 = 4 MiB of float32, so that a
@@ -43,7 +41,7 @@ PATTERN_MASK_ELEMENTS = 2**18
 SCORED_GATHER_FROM_KEYS = 128
 
 
-def selected_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext,
+def selected_softmax(attention: AttentionSettings, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext,
                      masks: Tuple[Optional[Tensor], Optional[Tensor]]) -> Tensor:
     """Softmax over the keys ``spec.selection`` leaves, without (B, H, T, S) float matrices.
 
@@ -108,7 +106,7 @@ def selected_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor
                                          scale=attention.scaling)
     return out if empty_rows is None else out.masked_fill(empty_rows, 0.0)
 
-def gathered_softmax(attention: "SparseMultiheadAttention", q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext,
+def gathered_softmax(attention: AttentionSettings, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext,
                      masks: Tuple[Optional[Tensor], Optional[Tensor]]) -> Optional[Tensor]:
     """The selection's keys gathered (``gathered_attention``), where the masks allow it:
     none or fairseq's causal mask, beside padding. None: take the other paths."""

@@ -125,15 +125,13 @@ class MirrorFailed(Exception):
 
 
 def fetch_verified(entry: RawFile, raw_dir: Path) -> Path:
-    """The verified (and, for an archive, extracted) file of the first mirror that gives one."""
+    """The verified (and, for an archive, extracted) file of the first mirror that gives one: a file
+    already in ``raw_dir`` if it passes the checks (else it is set aside), otherwise a download."""
     for mirror in entry.mirrors:
         dest = raw_dir / mirror.file
         if dest.exists():
             try:
-                _verify_kept(mirror, dest)
-                _extract(dest, raw_dir)
-                _pin_if_new(mirror, dest)
-                return dest
+                return _ready(mirror, dest, raw_dir, lambda: _verify_kept(mirror, dest))
             except MirrorFailed as e:
                 rejected = dest.with_name(dest.name + ".rejected")
                 os.replace(dest, rejected)
@@ -143,17 +141,22 @@ def fetch_verified(entry: RawFile, raw_dir: Path) -> Path:
     for mirror in entry.mirrors:
         dest = raw_dir / mirror.file
         try:
-            _fetch(mirror, dest)
-            _extract(dest, raw_dir)
-            _pin_if_new(mirror, dest)
-            return dest
+            return _ready(mirror, dest, raw_dir, lambda: _fetch(mirror, dest))
         except MirrorFailed as e:
-            if dest.exists():
-                dest.unlink()
-                _verified_marker(dest).unlink(missing_ok=True)
+            dest.unlink(missing_ok=True)
+            _verified_marker(dest).unlink(missing_ok=True)
             failures.append(f"{mirror.url} ({e})")
             logger.warning("%s: %s; trying the next mirror", mirror.url, e)
     raise PrepError(f"could not download {entry.id} into {raw_dir}; tried: " + "; ".join(failures))
+
+
+def _ready(mirror: Mirror, dest: Path, raw_dir: Path, obtain) -> Path:
+    """``dest`` once ``obtain`` (a check of the kept file, or a download) has made it, extracted and, for
+    a mirror whose host publishes no checksum, pinned."""
+    obtain()
+    _extract(dest, raw_dir)
+    _pin_if_new(mirror, dest)
+    return dest
 
 
 def _fetch(mirror: Mirror, dest: Path) -> None:

@@ -37,6 +37,7 @@ FAIRSEQ = "fairseq"
 # agrees, so a wrong counterpart fails loudly instead of timing another model.
 STOCK_MODEL = "transformer"
 PLUGIN_MODEL = "transformer_sparse"
+_UNSET = object()  # an option a stock architecture does not set
 
 
 def _architecture_options(arch: str, plugin_only: frozenset) -> Dict[str, Any]:
@@ -65,8 +66,6 @@ def stock_architectures() -> Dict[str, Tuple[str, Dict[str, Any]]]:
         found[arch] = (name, differing)
     return found
 
-
-_UNSET = object()
 
 
 # --dtype of the benchmarks: the precision models run in (parameters, activations; losses in float32).

@@ -35,7 +35,7 @@ import urllib.request
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import yaml
 
@@ -379,8 +379,3 @@ def _extract(path: Path, raw_dir: Path) -> None:
         os.replace(entry, target)
     staging.rmdir()
     marker.touch()
-
-
-def urls_of(files: Sequence[str]) -> List[str]:
-    """Every URL of the given catalogue ids, mirrors included (for docs and dry runs)."""
-    return [m.url for key in files for m in raw_file(key).mirrors]

@@ -107,10 +107,15 @@ def mirror(url: str, body: bytes, file: str = None, **kw) -> Mirror:
 ARCHIVE = tgz({"corpus/train.de": "hallo welt\n" * 2000, "corpus/train.en": "hello world\n" * 2000})
 
 
+def good_archive(server) -> RawFile:
+    """The entry of ARCHIVE served at /a.tgz, with its size and hash."""
+    return RawFile("test/a.tgz", (mirror(server.url("/a.tgz"), ARCHIVE),))
+
+
 def test_good_archive_is_verified_extracted_and_not_fetched_again(server, tmp_path):
     server.routes["/a.tgz"] = ("good", ARCHIVE)
     raw_dir = tmp_path / "raw"
-    entry = RawFile("test/a.tgz", (mirror(server.url("/a.tgz"), ARCHIVE),))
+    entry = good_archive(server)
     download.download([entry], raw_dir)
     assert raw.find_raw(raw_dir, "train.en").read_text() == "hello world\n" * 2000
     assert (raw_dir / "a.tgz").read_bytes() == ARCHIVE
@@ -122,7 +127,7 @@ def test_good_archive_is_verified_extracted_and_not_fetched_again(server, tmp_pa
 def test_cut_body_is_resumed_with_a_range_request(server, tmp_path):
     server.routes["/a.tgz"] = ("cut_once", ARCHIVE)
     raw_dir = tmp_path / "raw"
-    download.download([RawFile("test/a.tgz", (mirror(server.url("/a.tgz"), ARCHIVE),))], raw_dir)
+    download.download([good_archive(server)], raw_dir)
     assert (raw_dir / "a.tgz").read_bytes() == ARCHIVE
     assert server.requests[0][1] is None
     assert server.requests[1][1] == f"bytes={len(ARCHIVE) // 2}-"
@@ -133,14 +138,14 @@ def test_server_that_ignores_ranges_restarts_the_file(server, tmp_path):
     raw_dir.mkdir()
     (raw_dir / ".a.tgz.part").write_bytes(b"garbage from an earlier run")
     server.routes["/a.tgz"] = ("no_range", ARCHIVE)
-    download.download([RawFile("test/a.tgz", (mirror(server.url("/a.tgz"), ARCHIVE),))], raw_dir)
+    download.download([good_archive(server)], raw_dir)
     assert (raw_dir / "a.tgz").read_bytes() == ARCHIVE
     assert server.requests[0][1] == "bytes=27-"
 
 
 def test_server_errors_are_retried(server, tmp_path):
     server.routes["/a.tgz"] = ("500x2", ARCHIVE)
-    download.download([RawFile("test/a.tgz", (mirror(server.url("/a.tgz"), ARCHIVE),))], tmp_path / "raw")
+    download.download([good_archive(server)], tmp_path / "raw")
     assert len(server.requests) == 3
 
 
@@ -218,7 +223,7 @@ def test_kept_file_that_fails_its_checks_is_set_aside_and_fetched_again(server, 
     raw_dir.mkdir()
     (raw_dir / "a.tgz").write_bytes(b"<html>Service unavailable</html>")
     server.routes["/a.tgz"] = ("good", ARCHIVE)
-    download.download([RawFile("test/a.tgz", (mirror(server.url("/a.tgz"), ARCHIVE),))], raw_dir)
+    download.download([good_archive(server)], raw_dir)
     assert (raw_dir / "a.tgz").read_bytes() == ARCHIVE
     assert (raw_dir / "a.tgz.rejected").read_bytes() == b"<html>Service unavailable</html>"
     assert raw.find_raw(raw_dir, "train.en").exists()
@@ -278,7 +283,7 @@ def test_no_space_left_while_extracting_is_one_line_and_keeps_the_archive(server
     monkeypatch.setattr(tarfile.TarFile, "extractall", full_disk)
     raw_dir = tmp_path / "raw"
     with pytest.raises(errors.PrepError, match="cannot extract .*a.tgz into .*: No space left on device"):
-        download.download([RawFile("test/a.tgz", (mirror(server.url("/a.tgz"), ARCHIVE),))], raw_dir)
+        download.download([good_archive(server)], raw_dir)
     assert (raw_dir / "a.tgz").read_bytes() == ARCHIVE
     assert not list(raw_dir.glob(".*.extracting"))
     assert Path(raw_dir / ".a.tgz.extracted").exists() is False

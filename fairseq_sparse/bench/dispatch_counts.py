@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fairseq_sparse.bench.common import (L0DROP, build_row, long_batch, make_batch, random_sentences,
                                          synthetic_dictionary)
 from fairseq_sparse.core.attention import DEFAULT_K, attention_names
-from fairseq_sparse.core.kernels import rms_norm
+from fairseq_sparse.core.kernels import device as kernel_device
 from fairseq_sparse.core.modules import gathered_attention
 
 aten = torch.ops.aten
@@ -161,8 +161,8 @@ def steady(step: Callable[[], None], where: bool = False) -> DispatchCounter:
 def gpu_route() -> None:
     """Take, on the CPU, the route a GPU takes: fixed-size gathered slots, the Triton kernels (interpreted)."""
     gathered_attention.host_reads_values = lambda device: False
-    rms_norm.INTERPRETED_ON_CPU = rms_norm.triton is not None and rms_norm.INTERPRETED
-    if not rms_norm.INTERPRETED_ON_CPU:
+    kernel_device.run_on_cpu(True)
+    if not kernel_device.INTERPRETED_ON_CPU:
         print("note: the Triton kernels are counted as their eager twins (Triton missing, or TRITON_INTERPRET=1 "
               "not set before the plugin was imported)", file=sys.stderr)
 

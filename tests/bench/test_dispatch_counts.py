@@ -12,7 +12,7 @@ import torch
 from fairseq_sparse.bench import dispatch_counts
 from fairseq_sparse.bench.common import L0DROP
 from fairseq_sparse.core.attention import attention_names
-from fairseq_sparse.core.kernels import rms_norm
+from fairseq_sparse.core.kernels import device as kernel_device
 from fairseq_sparse.core.modules import gathered_attention
 
 ROWS = attention_names() + [L0DROP]
@@ -21,13 +21,13 @@ ROWS = attention_names() + [L0DROP]
 @pytest.fixture(scope="module")
 def counts():
     """Every row's steady-state counts, once for the module (a GPU's route: slots of fixed size)."""
-    original = gathered_attention.host_reads_values, rms_norm.INTERPRETED_ON_CPU
+    original = gathered_attention.host_reads_values, kernel_device.INTERPRETED_ON_CPU
     dispatch_counts.gpu_route()
     torch.set_num_threads(1)
     try:
         yield {row: dispatch_counts.count_rows(row, k=8, long=512) for row in ROWS}
     finally:
-        gathered_attention.host_reads_values, rms_norm.INTERPRETED_ON_CPU = original
+        gathered_attention.host_reads_values, kernel_device.INTERPRETED_ON_CPU = original
 
 
 def test_the_counter_sees_a_synchronisation_and_boolean_indexing():
@@ -60,5 +60,5 @@ def test_decoding_steps_dispatch_about_as_many_operations_as_softmax(row, counts
 
 
 def test_rela_g_decoding_step_dispatches_at_most_a_tenth_more_than_softmax(counts):
-    assert rms_norm.INTERPRETED_ON_CPU, "the GPU's route runs the norm as one kernel (Triton installed and interpreted)"
+    assert kernel_device.INTERPRETED_ON_CPU, "the GPU's route runs the norm as one kernel (Triton installed and interpreted)"
     assert counts["rela_g"]["decode"].operations <= 1.10 * counts["softmax"]["decode"].operations

@@ -1,11 +1,13 @@
 """Hard retrieval attention (Xu et al., 2021): one key per head, sampled in training and taken by
 argmax at inference, whose value row is gathered instead of a weighted sum."""
 
+from functools import partial
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from ..kernels.decoding_step import decoding_step
 from .functions import attention_dropout, fill_masked, masked_softmax
 from .registry import AttentionContext, AttentionOutput, register_attention
 
@@ -81,7 +83,7 @@ def _sampled_rows(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: A
 
 # Counts need no handling: c identical keys have one argmax value and one value row.
 @register_attention("hard", uses_hard_train=True, supports_key_counts=True, ties_to_first_key=True,
-                    placement=("decoder", "cross"))
+                    placement=("decoder", "cross"), decoding_kernel=partial(decoding_step, mode="argmax"))
 def hard_retrieval_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
     """Hard retrieval attention: each head reads exactly one value row (Xu et al., 2021).
 

@@ -6,7 +6,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..kernels.rms_norm import runs_fused
+from ..kernels import rms_norm as _rms_norm_kernel  # noqa: F401  (defines torch.ops.fairseq_sparse.rms_norm)
+from ..kernels.device import runs_fused
 
 
 class RMSNorm(nn.Module):

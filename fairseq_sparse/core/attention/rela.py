@@ -1,12 +1,14 @@
 """ReLA, rectified linear attention (Zhang et al., 2021), and the ablations of its Table 1."""
 
 import math
+from functools import partial
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kernels.decoding_step import decoding_step
 from .functions import attend, fill_masked
 from .norms import RMSNorm
 from .registry import AttentionContext, AttentionOutput, register_attention
@@ -65,6 +67,9 @@ _RELA_VARIANTS = {
     "rela_g_gelu": (F.gelu, _gated_rmsnorm, "ReLA-g with GeLU in place of ReLU [9]."),
     "rela_g_leaky_relu": (F.leaky_relu, _gated_rmsnorm, "ReLA-g with leaky ReLU in place of ReLU [10]."),
 }
+# the activation as kernels.decoding_step names it
+_KERNEL_MODES = {F.relu: "relu", F.leaky_relu: "leaky_relu", F.gelu: "gelu"}
 for _name, (_activation, _norm, _doc) in _RELA_VARIANTS.items():
-    register_attention(_name, build_output_norm=_norm, supports_key_counts=True, weights_are_probabilities=False)(
+    register_attention(_name, build_output_norm=_norm, supports_key_counts=True, weights_are_probabilities=False,
+                       decoding_kernel=partial(decoding_step, mode=_KERNEL_MODES[_activation]))(
         _rectified(_activation, _doc))

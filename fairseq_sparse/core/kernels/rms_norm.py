@@ -11,37 +11,16 @@ The kernel is one operation of the dispatcher (``torch.ops.fairseq_sparse.rms_no
 dispatch counter sees what a GPU launches.
 """
 
-import os
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # Triton is optional: the eager norm runs everywhere without it
-    triton = None
-if not hasattr(torch.library, "custom_op"):  # torch < 2.4 (setup.py admits 2.1): no kernel, the eager norm
-    triton = None
-
-# The CPU runs the kernel only under Triton's interpreter, which Triton chooses when the kernel is
-# defined (TRITON_INTERPRET=1 before this module is imported), and when asked (the tests): the
-# eager norm is faster there.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-INTERPRETED_ON_CPU = False
-
-
-def runs_fused(device: torch.device) -> bool:
-    """True where the kernel runs: a CUDA device with Triton, or the CPU under the interpreter when asked."""
-    if triton is None:
-        return False
-    if device.type == "cuda":
-        return True
-    return device.type == "cpu" and INTERPRETED_ON_CPU and INTERPRETED
-
+from .device import runs_fused, triton  # noqa: F401  (runs_fused: where this kernel runs)
 
 if triton is not None:
+    import triton.language as tl
+
     @triton.jit
     def _rms_norm_rows(x_ptr, weight_ptr, gate_ptr, out_ptr, dim, eps, x_row_stride, out_row_stride,
                        GATED: tl.constexpr, BLOCK: tl.constexpr):

@@ -10,6 +10,7 @@ import torch
 
 from fairseq_sparse.bench.dispatch_counts import count
 from fairseq_sparse.core.attention.norms import RMSNorm
+from fairseq_sparse.core.kernels import device
 from fairseq_sparse.core.kernels import rms_norm as kernel
 
 pytestmark = pytest.mark.skipif(kernel.triton is None, reason="Triton is not installed (requirements.txt pins it)")
@@ -20,7 +21,7 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 @pytest.fixture
 def fused(monkeypatch):
     assert ON_GPU or os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets the interpreter on a CPU"
-    monkeypatch.setattr(kernel, "INTERPRETED_ON_CPU", True)
+    monkeypatch.setattr(device, "INTERPRETED_ON_CPU", True)
 
 
 NORMS = {

@@ -1,0 +1,196 @@
+"""The decoding-step kernel equals the registered function of every method that declares it (under Triton's
+interpreter on the CPU), the attention module takes it exactly where that function would run on one query
+without weights, mask, dropout or gradient, and it compiles for the GPUs our users decode on."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fairseq_sparse.bench.dispatch_counts import count
+from fairseq_sparse.core.attention import AttentionContext, attention_names, get_attention
+from fairseq_sparse.core.kernels import decoding_step as kernel
+from fairseq_sparse.core.kernels import device
+from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
+
+pytestmark = pytest.mark.skipif(device.triton is None, reason="Triton is not installed (requirements.txt pins it)")
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+WITH_KERNEL = [name for name in attention_names() if get_attention(name).decoding_kernel is not None]
+KERNEL_OP = "fairseq_sparse.decoding_step"
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    assert ON_GPU or os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets the interpreter on a CPU"
+    monkeypatch.setattr(device, "INTERPRETED_ON_CPU", True)
+
+
+def test_hard_retrieval_and_every_rela_variant_declare_the_kernel():
+    assert "hard" in WITH_KERNEL and {"rela_g", "rela_i", "relu", "rela_g_gelu", "rela_g_leaky_relu"} <= set(WITH_KERNEL)
+
+
+def _reference(name, q, k, v, padding, counts, scaling):
+    """The registered function on the scores the attention module computes for one query."""
+    scores = torch.matmul(q * scaling, k.transpose(-1, -2)).float()
+    mask = None if padding is None else padding[:, None, None, :]
+    ctx = AttentionContext(training=False, need_weights=False)
+    if counts is not None and get_attention(name).supports_key_counts:
+        ctx.key_counts = counts
+    return get_attention(name).fn(scores, v, mask, ctx)[0]
+
+
+@pytest.mark.parametrize("keys,head_dim", [(1, 16), (37, 24), (130, 16)])  # one key; odd dims; several key blocks
+@pytest.mark.parametrize("name", WITH_KERNEL)
+def test_the_kernel_equals_the_registered_function(name, keys, head_dim, fused):
+    torch.manual_seed(keys + head_dim)
+    batch, heads = 3, 2
+    q = torch.randn(batch, heads, 1, head_dim, device=DEVICE)
+    k = torch.randn(batch, heads, keys, head_dim, device=DEVICE)
+    v = torch.randn(batch, heads, keys, head_dim, device=DEVICE)
+    padding = torch.zeros(batch, keys, dtype=torch.bool, device=DEVICE)
+    padding[0, : keys // 3] = True  # left padding, as fairseq pads a source
+    padding[2] = True  # a query with no key reads a zero row
+    counts = torch.randint(1, 4, (batch, 1, 1, keys), device=DEVICE).float()  # L0Drop's compressed memory
+    scaling = head_dim ** -0.5
+    for pad, cnt in ((None, None), (padding, None), (padding, counts)):
+        expected = _reference(name, q, k, v, pad, cnt, scaling)
+        got = kernel.decoding_step(q, k, v, pad, cnt, scaling, kernel_mode(name))
+        assert got.shape == expected.shape and got.dtype == v.dtype
+        assert (got - expected).abs().max() <= 1e-5 * max(1.0, expected.abs().max()), (pad is None, cnt is None)
+    assert torch.equal(kernel.decoding_step(q, k, v, padding, None, scaling, kernel_mode(name))[2],
+                       torch.zeros(heads, 1, head_dim, device=DEVICE))
+
+
+def kernel_mode(name):
+    return get_attention(name).decoding_kernel.keywords["mode"]
+
+
+def test_tied_keys_go_to_the_first_of_them_across_blocks(fused):
+    """Hard retrieval's argmax, like torch.argmax: the first of equal scores, also in a later key block."""
+    head_dim, keys = 16, 150
+    q = torch.randn(1, 1, 1, head_dim, device=DEVICE)
+    k = torch.randn(1, 1, keys, head_dim, device=DEVICE) * 0.01
+    v = torch.randn(1, 1, keys, head_dim, device=DEVICE)
+    for first, second in ((3, 140), (70, 71), (66, 130)):
+        tied = k.clone()
+        tied[0, 0, first] = tied[0, 0, second] = q[0, 0, 0]
+        got = kernel.decoding_step(q, tied, v, None, None, 1.0, "argmax")
+        assert torch.equal(got[0, 0, 0], v[0, 0, first]), (first, second)
+        assert torch.equal(got, _reference("hard", q, tied, v, None, None, 1.0))
+
+
+def test_strided_caches_as_the_module_keeps_them(fused):
+    """Keys of a cross-attention cache are a permuted view of the projected memory (not contiguous)."""
+    memory = torch.randn(9, 2, 4 * 16, device=DEVICE)  # (S, B, E)
+    k = memory.view(9, 2, 4, 16).permute(1, 2, 0, 3)  # (B, H, S, d_h), as _split_heads leaves it
+    q = torch.randn(2, 4, 1, 16, device=DEVICE)
+    for name in ("hard", "rela_g"):
+        expected = _reference(name, q, k, k, None, None, 0.25)
+        assert (kernel.decoding_step(q, k, k, None, None, 0.25, kernel_mode(name)) - expected).abs().max() <= 1e-5
+
+
+def _decode(module, steps, memory=None, memory_padding=None):
+    """Outputs of ``steps`` incremental calls, (steps, B, E)."""
+    state, outputs = {}, []
+    with torch.no_grad():
+        for step in steps:
+            if memory is None:
+                out, _ = module(step, step, step, incremental_state=state, need_weights=False)
+            else:
+                out, _ = module(step, memory, memory, key_padding_mask=memory_padding, incremental_state=state,
+                                static_kv=True, need_weights=False)
+            outputs.append(out)
+    return torch.cat(outputs)
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+@pytest.mark.parametrize("name", ["hard", "rela_g", "rela_g_gelu"])
+def test_the_module_decodes_with_the_kernel_as_with_the_reference(name, cross, fused):
+    torch.manual_seed(5)
+    embed, heads = 64, 4
+    modules = {}
+    for impl in ("auto", "reference"):
+        torch.manual_seed(5)
+        modules[impl] = SparseMultiheadAttention(embed, heads, attn_fn=name, impl=impl, self_attention=not cross,
+                                                 encoder_decoder_attention=cross).to(DEVICE).eval()
+    steps = torch.randn(5, 1, 3, embed, device=DEVICE)  # 5 steps of (T=1, B=3, E)
+    memory = torch.randn(11, 3, embed, device=DEVICE) if cross else None
+    padding = None
+    if cross:
+        padding = torch.zeros(3, 11, dtype=torch.bool, device=DEVICE)
+        padding[1, :4] = True
+    got = _decode(modules["auto"], steps, memory, padding)
+    expected = _decode(modules["reference"], steps, memory, padding)
+    assert (got - expected).abs().max() <= 1e-5 * max(1.0, expected.abs().max())
+
+    state = {}
+    with torch.no_grad():
+        step = steps[0]
+        module = modules["auto"]
+        call = (lambda: module(step, memory, memory, key_padding_mask=padding, incremental_state=state, static_kv=True,
+                               need_weights=False)) if cross else (
+            lambda: module(step, step, step, incremental_state=state, need_weights=False))
+        call()
+        counter = count(call)
+    assert counter.by_operation.get(KERNEL_OP) == 1
+
+
+def test_the_module_keeps_the_function_where_the_kernel_does_not_apply(fused):
+    module = SparseMultiheadAttention(32, 2, attn_fn="hard", self_attention=True).to(DEVICE).eval()
+    x = torch.randn(1, 2, 32, device=DEVICE)
+    with torch.no_grad():
+        weights_asked = count(lambda: module(x, x, x, incremental_state={}, need_weights=True))
+        full_pass = count(lambda: module(torch.randn(4, 2, 32, device=DEVICE), None, None, need_weights=False))
+        plain = count(lambda: module(x, x, x, incremental_state={}, need_weights=False))
+    with torch.enable_grad():
+        gradient = count(lambda: module(x, x, x, incremental_state={}, need_weights=False))
+    module.train()
+    with torch.no_grad():
+        training = count(lambda: module(x, x, x, incremental_state={}, need_weights=False))
+    for counter in (weights_asked, full_pass, gradient, training):
+        assert KERNEL_OP not in counter.by_operation
+    assert plain.by_operation.get(KERNEL_OP) == 1
+
+
+def test_the_cpu_runs_the_function_unless_asked():
+    module = SparseMultiheadAttention(32, 2, attn_fn="hard", self_attention=True).eval()
+    x = torch.randn(1, 2, 32)
+    with torch.no_grad():
+        counter = count(lambda: module(x, x, x, incremental_state={}, need_weights=False))
+    assert KERNEL_OP not in counter.by_operation
+
+
+COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from fairseq_sparse.core.kernels.decoding_step import MODES, _decoding_step
+pointers = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
+integers = ("num_keys", "heads", "head_dim", "q_batch_stride", "q_head_stride", "k_batch_stride", "k_head_stride",
+            "k_key_stride", "v_batch_stride", "v_head_stride", "v_key_stride", "padding_batch_stride",
+            "counts_batch_stride", "out_batch_stride", "out_head_stride")
+for arch in (80, 90):
+    for dtype in ("fp32", "bf16", "fp16"):
+        for mode in range(len(MODES)):
+            for padded, counted in ((False, False), (True, True)):
+                signature = {name: f"*{dtype}" for name in pointers}
+                signature.update({"padding_ptr": "*i1", "counts_ptr": "*fp32", "scaling": "fp32"})
+                signature.update({name: "i32" for name in integers})
+                signature.update({name: "constexpr" for name in ("MODE", "HAS_PADDING", "HAS_COUNTS", "BLOCK_KEYS", "BLOCK_DIM")})
+                constexprs = {"MODE": mode, "HAS_PADDING": padded, "HAS_COUNTS": counted, "BLOCK_KEYS": 64, "BLOCK_DIM": 64}
+                compiled = triton.compile(ASTSource(fn=_decoding_step, signature=signature, constexprs=constexprs),
+                                          target=GPUTarget("cuda", arch, 32))
+                assert compiled.asm["ptx"], (arch, dtype, mode)
+print("compiled")
+"""
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the tests above compile and run the kernel itself")
+def test_the_kernel_compiles_for_sm80_and_sm90_in_every_precision():
+    """What the interpreter cannot check (bf16 and fp16 pointers, Triton's type rules, PTX generation)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]

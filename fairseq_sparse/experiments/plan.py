@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 from fairseq_sparse.experiments.arguments import merge_args
 from fairseq_sparse.experiments.errors import ConfigError
-from fairseq_sparse.experiments.heatmap import draws_heatmap, heatmap_step
+from fairseq_sparse.experiments.heatmap import HEATMAP
 from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.table import Column, Dataset, Row, Table
 from fairseq_sparse.experiments.step import Step
@@ -215,8 +215,8 @@ class Plan:
                     waiting = [s for s in waiting if not set(s.needs) <= trained]
                 for step in waiting:
                     add(step)
-        if draws_heatmap(self, every_seed):
-            add(heatmap_step(self))
+        if HEATMAP.drawn_by(self, every_seed):
+            add(HEATMAP.step(self))
         return steps
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
 from fairseq_sparse.experiments.errors import RecordError
-from fairseq_sparse.experiments.heatmap import drawn_heatmaps, draws_heatmap, heatmap_folder, heatmap_step
+from fairseq_sparse.experiments.heatmap import HEATMAP
 from fairseq_sparse.experiments.measures import EPOCH_MEASURES, MEASURES, validates_epoch
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class Record:
         self.directory = directory
         self.path = directory / f"{table}.seeds.csv"
         self.curves_path = directory / f"{table}.curves.csv"
-        self.heatmap_dir = directory / heatmap_folder(table)
+        self.heatmap_dir = directory / HEATMAP.folder(table)
         self.cells: Dict[Cell, Recorded] = {}
         if self.path.is_file():
             self.cells = read_cells(self.path)
@@ -235,8 +235,8 @@ def steps_to_run(plan: "Plan", steps: List["Step"], record: Optional[Record], ro
                 if not (record and record.get((ds.id, r.id, col.id, seed), *cell_keys(plan, needed))):
                     for step in needed:
                         want(step)
-    if draws_heatmap(plan) and rows is None and not (record and record.has_heatmap()):
-        want(heatmap_step(plan))
+    if HEATMAP.drawn_by(plan) and rows is None and not (record and record.has_heatmap()):
+        want(HEATMAP.step(plan))
     return [s for s in steps if s.output in wanted or (s.kind == "prep" and wanted)]
 
 
@@ -246,7 +246,7 @@ def publish(plan: "Plan", record: Record) -> None:
     copies = [(plan.out / f"{name}{suffix}", record.directory / f"{name}{suffix}")
               for suffix in (".md", ".csv", ".png", ".curves.png", ".curves.csv")]
     copies.append((plan.out / "commands.sh", record.directory / f"{name}.commands.sh"))
-    drawn = drawn_heatmaps(plan)
+    drawn = HEATMAP.drawn(plan)
     if drawn:
         copies += [(f, record.heatmap_dir / f.name) for f in drawn.iterdir() if f.suffix in (".png", ".md")]
     for source, target in copies:

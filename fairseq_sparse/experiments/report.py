@@ -8,7 +8,7 @@ from typing import List, Optional, Tuple
 
 from fairseq_sparse.analysis.report import pyplot
 from fairseq_sparse.experiments.cells import Results
-from fairseq_sparse.experiments.heatmap import drawn_heatmaps, heatmap_folder, heatmap_seed
+from fairseq_sparse.experiments.heatmap import HEATMAP
 from fairseq_sparse.experiments.measures import MEASURES
 from fairseq_sparse.experiments.outputs import train_loss_per_epoch, trained_side_by_side, valid_loss_per_epoch
 from fairseq_sparse.experiments.plan import Plan
@@ -116,16 +116,16 @@ def write_report(plan: Plan, results: Results, record: Optional[Record] = None) 
     heatmap = heatmap_dir(plan, record)
     if table.heatmap and heatmap:
         pngs = sorted(heatmap.glob("*.png"))
-        folder = heatmap_folder(table.name).as_posix()
+        folder = HEATMAP.folder(table.name).as_posix()
         with open(md, "a", encoding="utf-8") as f:
-            f.write(f"Attention heatmaps (seed {heatmap_seed(plan)}'s models): "
+            f.write(f"Attention heatmaps (seed {HEATMAP.seed(plan)}'s models): "
                     + ", ".join(f"![{p.name}]({folder}/{p.name})" for p in pngs) + "\n")
     return md
 
 
 def heatmap_dir(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
     """The folder of the table's attention heatmaps: drawn here, else kept in the record's folder."""
-    drawn = drawn_heatmaps(plan)
+    drawn = HEATMAP.drawn(plan)
     if drawn:
         return drawn
     return record.heatmap_dir if record and record.has_heatmap() else None

@@ -12,7 +12,7 @@ class Step:
     """One command and its output (a ``.done`` marker when it has no single output file); the
     runner's completion marker (``runner.completion_marker``) proves it ran to the end."""
 
-    kind: str  # prep | train | average | generate | speed | pruned | attention | heatmap (sources.py: the last four)
+    kind: str  # prep | train | average | generate | speed | pruned | attention (sources.py) | heatmap (heatmap.py)
     argv: List[str]
     output: Path
     log: Path

@@ -18,6 +18,7 @@ from fairseq_sparse.experiments.table import Column, Dataset, Row
 
 logger = logging.getLogger("fairseq_sparse.experiments")
 
+
 @dataclass(frozen=True)
 class Value:
     """One seed's value of a cell, its state said: measured (``number``), not applicable (the measure does
@@ -67,6 +68,47 @@ class Number:
     key: str  # its commands' identity in the record
 
 
+@dataclass
+class Collection:
+    """What every cell of one ``collect`` shares: the plan, the models that failed to train, the record,
+    whether unfinished seeds are left out (``finished_only``) and which outputs this run was to make
+    (``ran``), and the results the numbers go into (their signatures)."""
+
+    plan: Plan
+    results: Results
+    failed: set = frozenset()
+    record: Optional[Record] = None
+    finished_only: bool = False
+    ran: Optional[set] = None
+
+    def number(self, ds: Dataset, row: Row, col: Column, seed: int) -> Number:
+        """One seed's number of one cell: from the record if measured from the same commands, else measured
+        (and recorded once its commands have run and it did not fail: a failure is tried again next time);
+        not measured while commands are missing if ``finished_only``, or if some were not to run (``ran``)."""
+        plan, results, record = self.plan, self.results, self.record
+        steps = cell_steps(plan, ds, row, col, seed)
+        cell, (key, earlier) = (ds.id, row.id, col.id, seed), cell_keys(plan, steps)
+        combine = MEASURES[col.measure].combine
+        recorded = record.get(cell, key, earlier) if record else None
+        # a combined cell with a value and no own number was written before own numbers were: measure again
+        if recorded and not (combine and recorded.own is None and recorded.value is not None):
+            if recorded.signature:
+                results.signatures.setdefault(col.id, recorded.signature)
+            return Number(Value(recorded.own if combine else recorded.value), True, cell, key)
+        missing = {s.output for s in steps if not done(s)}
+        if missing and (self.finished_only or (self.ran is not None and not missing <= self.ran)):
+            return Number(NOT_APPLICABLE, False, cell, key)
+        finished = not missing
+        models = {step.model for step in steps if step.model}
+        value = measure(plan, ds, row, col, seed, results, models & self.failed)
+        if record and finished and not value.failed:  # a failure is not recorded: it is tried again next time
+            shared = MEASURES[col.measure].timed and trained_side_by_side(plan.run_dir(ds, row, seed) / "train.log")
+            signature = results.signatures.get(col.id, "")
+            record.put(cell, Recorded(key, None if combine else value.number, signature, shared,
+                                      value.number if combine else None))
+        return Number(value, finished, cell, key)
+
+
 def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, record: Optional[Record] = None,
             ran: Optional[set] = None) -> Results:
     """Measure every cell, averaged over seeds. ``finished_only``: seeds whose commands have not all
@@ -76,12 +118,13 @@ def collect(plan: Plan, failed: set = frozenset(), finished_only: bool = False, 
     commands is read from it, and one measured here is added to it (the caller writes it: ``Record.save``).
     A cell with a failed seed is failed."""
     table, results = plan.table, Results()
+    collection = Collection(plan, results, failed, record, finished_only, ran)
     numbers: Dict[Tuple[str, str, int], Number] = {}
     for col in table.columns:
         ds = table.datasets[col.dataset]
         for row in [r for r in table.rows if plan.applies(ds, r)]:
             for seed in plan.column_seeds(ds, col):
-                numbers[row.id, col.id, seed] = number(plan, ds, row, col, seed, results, failed, record, finished_only, ran)
+                numbers[row.id, col.id, seed] = collection.number(ds, row, col, seed)
     for row in table.rows:
         complete: Optional[set] = None
         for col in table.columns:
@@ -132,34 +175,6 @@ def summarise(values: List[float]) -> Optional[Tuple[float, Tuple[float, int]]]:
     if not values:
         return None
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
-
-
-def number(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: Results, failed: set,
-           record: Optional[Record], finished_only: bool, ran: Optional[set]) -> Number:
-    """One seed's number of one cell: from the record if measured from the same commands, else measured
-    (and recorded once its commands have run and it did not fail: a failure is tried again next time);
-    not measured while commands are missing if ``finished_only``, or if some were not to run (``ran``)."""
-    steps = cell_steps(plan, ds, row, col, seed)
-    cell, (key, earlier) = (ds.id, row.id, col.id, seed), cell_keys(plan, steps)
-    combine = MEASURES[col.measure].combine
-    recorded = record.get(cell, key, earlier) if record else None
-    # a combined cell with a value and no own number was written before own numbers were: measure again
-    if recorded and not (combine and recorded.own is None and recorded.value is not None):
-        if recorded.signature:
-            results.signatures.setdefault(col.id, recorded.signature)
-        return Number(Value(recorded.own if combine else recorded.value), True, cell, key)
-    missing = {s.output for s in steps if not done(s)}
-    if missing and (finished_only or (ran is not None and not missing <= ran)):
-        return Number(NOT_APPLICABLE, False, cell, key)
-    finished = not missing
-    models = {step.model for step in steps if step.model}
-    value = measure(plan, ds, row, col, seed, results, models & failed)
-    if record and finished and not value.failed:  # a failure is not recorded: it is tried again next time
-        shared = MEASURES[col.measure].timed and trained_side_by_side(plan.run_dir(ds, row, seed) / "train.log")
-        signature = results.signatures.get(col.id, "")
-        record.put(cell, Recorded(key, None if combine else value.number, signature, shared,
-                                  value.number if combine else None))
-    return Number(value, finished, cell, key)
 
 
 def measure(plan: Plan, ds: Dataset, row: Row, col: Column, seed: int, results: Results, failed_models: set) -> Value:

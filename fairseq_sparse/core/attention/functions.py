@@ -6,12 +6,14 @@ Every function receives float32 scores (the module upcasts half precision) and
 returns weights in float32; the value product runs in the dtype of ``values``.
 """
 
+from functools import partial
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..kernels.decoding_step import decoding_step
 from .registry import AttentionContext, AttentionOutput, register_attention
 
 
@@ -132,7 +134,7 @@ def softmax_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ct
 
 
 @register_attention("topk", uses_k=True, supports_key_counts=True, selection=topk_selection, selection_reads_scores=True,
-                    selection_is_top_k=True)
+                    selection_is_top_k=True, decoding_kernel=partial(decoding_step, mode="topk"))
 def topk_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
     """Explicit sparse attention: softmax over the k largest scores of each query (Zhao et al., 2019)."""
     key_counts = ctx.key_counts

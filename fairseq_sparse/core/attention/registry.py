@@ -149,9 +149,9 @@ class AttentionSpec:
     # sizes its slots without reading a count from the device.
     selection_width: Optional[Callable[[int], int]] = None
     # One decoding step as one kernel where the kernels run (kernels.device.runs_fused): called as (q, k, v,
-    # key_padding_mask, key_counts, scaling) with one query, q, k, v (B, H, 1|S, d_h), where `fn` would run with
-    # no requested weights, no attention mask, no dropout and no gradient, and equal to it there
-    # (kernels.decoding_step: hard retrieval's argmax and gather, ReLA's rectified sum).
+    # key_padding_mask, key_counts, scaling, k) with one query, q, k, v (B, H, 1|S, d_h), where `fn` would run
+    # with no requested weights, no attention mask, no dropout and no gradient, and equal to it there
+    # (kernels.decoding_step: hard retrieval's argmax and gather, ReLA's rectified sum, top-k's softmax).
     decoding_kernel: Optional[Callable[..., Tensor]] = None
     # TorchScript compiles `fn` (typed arguments, no Python-only constructs on its inference path);
     # False for functions of libraries that TorchScript cannot compile (the entmax package)

@@ -1,4 +1,4 @@
-"""One decoding step of hard retrieval or ReLA attention as one kernel: scores, selection and output at once.
+"""One decoding step of hard retrieval, ReLA or top-k attention as one kernel: scores, selection and output at once.
 
 A decoding step asks each head of each hypothesis for one query's output over its cached keys. Done
 eagerly that is a chain of small kernels on (B, H, 1, S) tensors: hard retrieval scales the query,
@@ -11,7 +11,11 @@ decoding, was measured slower. Here one program per (sentence, head) walks the k
 * ``argmax``: keeps the best score and its first key (ties go to the first key, as ``torch.argmax``)
   and reads that one value row, never the others (Hard Retrieval, eq. 6);
 * ``relu`` / ``leaky_relu`` / ``gelu``: accumulates activation(score) x value, with L0Drop's key
-  counts as weights, and no normalisation (ReLA, eq. 3; the output norm follows in the module).
+  counts as weights, and no normalisation (ReLA, eq. 3; the output norm follows in the module);
+* ``topk``: holds the query's scores in one block, finds the k-th largest by k rounds of taking the
+  largest (a key of count c fills c places, as ``attention.functions.kth_largest``), and takes the
+  softmax over the keys at or above it (ties with the k-th all kept) times their values (Explicit
+  Sparse Transformer, eq. 5). One block holds at most ``MAX_KEYS`` keys.
 
 A query with no unmasked key gets a zero row, as the registered functions give it. The eager twins are
 the registered functions themselves (``attention.hard_retrieval``, ``attention.rela``): the kernel runs
@@ -32,14 +36,17 @@ from torch import Tensor
 from .device import triton
 
 # How the step turns scores into its output; the activation's index is the kernel's MODE.
-MODES = ("argmax", "relu", "leaky_relu", "gelu")
+MODES = ("argmax", "relu", "leaky_relu", "gelu", "topk")
+# The most cached keys a step takes in the kernel (top-k holds them all in one block); the module keeps
+# the registered function beyond (a decoding step past 4,096 tokens of context).
+MAX_KEYS = 4096
 
 if triton is not None:
     import triton.language as tl
 
     @triton.jit
     def _decoding_step(q_ptr, k_ptr, v_ptr, padding_ptr, counts_ptr, out_ptr,
-                       num_keys, heads, head_dim, scaling,
+                       num_keys, heads, head_dim, scaling, attended,
                        q_batch_stride, q_head_stride, k_batch_stride, k_head_stride, k_key_stride,
                        v_batch_stride, v_head_stride, v_key_stride, padding_batch_stride, counts_batch_stride,
                        out_batch_stride, out_head_stride,
@@ -57,35 +64,67 @@ if triton is not None:
         best = tl.full((), float("-inf"), tl.float32)
         best_key = tl.zeros((), tl.int32)
         total = tl.zeros((BLOCK_DIM,), tl.float32)
-        for start in range(0, num_keys, BLOCK_KEYS):
-            keys = start + tl.arange(0, BLOCK_KEYS)
+        if MODE == 4:  # top-k: every key in one block (BLOCK_KEYS >= num_keys)
+            keys = tl.arange(0, BLOCK_KEYS)
             visible = keys < num_keys
             if HAS_PADDING:
                 padded = tl.load(padding_ptr + batch * padding_batch_stride + keys, mask=visible, other=1)
                 visible = visible & (padded == 0)
             key_rows = tl.load(k_base + keys[:, None] * k_key_stride + dims[None, :],
                                mask=visible[:, None] & in_dim[None, :], other=0.0)
-            scores = tl.sum(key_rows.to(tl.float32) * query[None, :], axis=1)
-            if MODE == 0:
-                scores = tl.where(visible, scores, float("-inf"))
-                block_best = tl.max(scores, axis=0)
-                block_key = tl.argmax(scores, axis=0, tie_break_left=True)
-                better = block_best > best  # strictly: an equal score later keeps the first key
-                best_key = tl.where(better, start + block_key, best_key)
-                best = tl.where(better, block_best, best)
-            else:
-                if MODE == 1:
-                    weights = tl.maximum(scores, 0.0)
-                elif MODE == 2:
-                    weights = tl.where(scores > 0, scores, scores * 0.01)  # F.leaky_relu's default slope
+            scores = tl.where(visible, tl.sum(key_rows.to(tl.float32) * query[None, :], axis=1), float("-inf"))
+            counts = tl.full((BLOCK_KEYS,), 1.0, tl.float32)
+            if HAS_COUNTS:
+                counts = tl.load(counts_ptr + batch * counts_batch_stride + keys, mask=visible, other=0.0)
+            # the k-th largest over the multiset: each round takes the largest key left, which fills its count
+            remaining = scores
+            kth = tl.full((), float("-inf"), tl.float32)
+            filled = tl.zeros((), tl.float32)
+            for _ in range(0, attended):
+                largest = tl.max(remaining, axis=0)
+                taken = keys == tl.argmax(remaining, axis=0, tie_break_left=True)
+                kth = tl.where(filled < attended, largest, kth)
+                filled += tl.sum(tl.where(taken, counts, 0.0), axis=0)
+                remaining = tl.where(taken, float("-inf"), remaining)
+            kept = visible & (scores >= kth)
+            top = tl.max(scores, axis=0)
+            top = tl.where(top > float("-inf"), top, 0.0)  # no visible key: no weight, and no NaN
+            weights = tl.where(kept, tl.exp(scores - top), 0.0) * counts
+            norm = tl.sum(weights, axis=0)
+            value_rows = tl.load(v_base + keys[:, None] * v_key_stride + dims[None, :],
+                                 mask=visible[:, None] & in_dim[None, :], other=0.0)
+            total = tl.sum(weights[:, None] * value_rows.to(tl.float32), axis=0)
+            total = tl.where(norm > 0, total / tl.where(norm > 0, norm, 1.0), 0.0)
+        else:
+            for start in range(0, num_keys, BLOCK_KEYS):
+                keys = start + tl.arange(0, BLOCK_KEYS)
+                visible = keys < num_keys
+                if HAS_PADDING:
+                    padded = tl.load(padding_ptr + batch * padding_batch_stride + keys, mask=visible, other=1)
+                    visible = visible & (padded == 0)
+                key_rows = tl.load(k_base + keys[:, None] * k_key_stride + dims[None, :],
+                                   mask=visible[:, None] & in_dim[None, :], other=0.0)
+                scores = tl.sum(key_rows.to(tl.float32) * query[None, :], axis=1)
+                if MODE == 0:
+                    scores = tl.where(visible, scores, float("-inf"))
+                    block_best = tl.max(scores, axis=0)
+                    block_key = tl.argmax(scores, axis=0, tie_break_left=True)
+                    better = block_best > best  # strictly: an equal score later keeps the first key
+                    best_key = tl.where(better, start + block_key, best_key)
+                    best = tl.where(better, block_best, best)
                 else:
-                    weights = 0.5 * scores * (1.0 + tl.erf(scores * 0.7071067811865476))
-                weights = tl.where(visible, weights, 0.0)
-                if HAS_COUNTS:
-                    weights *= tl.load(counts_ptr + batch * counts_batch_stride + keys, mask=visible, other=0.0)
-                value_rows = tl.load(v_base + keys[:, None] * v_key_stride + dims[None, :],
-                                     mask=visible[:, None] & in_dim[None, :], other=0.0)
-                total += tl.sum(weights[:, None] * value_rows.to(tl.float32), axis=0)
+                    if MODE == 1:
+                        weights = tl.maximum(scores, 0.0)
+                    elif MODE == 2:
+                        weights = tl.where(scores > 0, scores, scores * 0.01)  # F.leaky_relu's default slope
+                    else:
+                        weights = 0.5 * scores * (1.0 + tl.erf(scores * 0.7071067811865476))
+                    weights = tl.where(visible, weights, 0.0)
+                    if HAS_COUNTS:
+                        weights *= tl.load(counts_ptr + batch * counts_batch_stride + keys, mask=visible, other=0.0)
+                    value_rows = tl.load(v_base + keys[:, None] * v_key_stride + dims[None, :],
+                                         mask=visible[:, None] & in_dim[None, :], other=0.0)
+                    total += tl.sum(weights[:, None] * value_rows.to(tl.float32), axis=0)
         if MODE == 0:
             value_row = tl.load(v_base + best_key * v_key_stride + dims, mask=in_dim, other=0.0)
             total = tl.where(best > float("-inf"), value_row.to(tl.float32), 0.0)
@@ -99,9 +138,10 @@ def _rows_of(x: Tensor) -> Tensor:
 
 
 def decoding_step(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], key_counts: Optional[Tensor],
-                  scaling: float, mode: str) -> Tensor:
+                  scaling: float, attended: int, mode: str) -> Tensor:
     """One query per (sentence, head): q (B, H, 1, d), k and v (B, H, S, d), key_padding_mask (B, S) bool
-    (True: not a key), key_counts (B, 1, 1, S) float or None -> (B, H, 1, d) in v's dtype."""
+    (True: not a key), key_counts (B, 1, 1, S) float or None, ``attended`` top-k's k (unused by the other
+    modes) -> (B, H, 1, d) in v's dtype. At most ``MAX_KEYS`` keys."""
     batch, heads, _, head_dim = q.shape
     num_keys = k.size(2)
     q, k, v = _rows_of(q), _rows_of(k), _rows_of(v)
@@ -111,20 +151,21 @@ def decoding_step(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Te
     if batch * heads > 0:
         _decoding_step[(batch * heads,)](
             q, k, v, q if padding is None else padding, q if counts is None else counts, out,
-            num_keys, heads, head_dim, scaling,
+            num_keys, heads, head_dim, scaling, attended,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             0 if padding is None else padding.stride(0),
             0 if counts is None or counts.size(0) == 1 else counts.stride(0),
             out.stride(0), out.stride(1),
             MODE=MODES.index(mode), HAS_PADDING=padding is not None, HAS_COUNTS=counts is not None,
-            BLOCK_KEYS=64, BLOCK_DIM=triton.next_power_of_2(head_dim),
+            BLOCK_KEYS=triton.next_power_of_2(max(num_keys, 16)) if mode == "topk" else 64,
+            BLOCK_DIM=triton.next_power_of_2(head_dim),
         )
     return out
 
 
 def _decoding_step_shape(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
-                         key_counts: Optional[Tensor], scaling: float, mode: str) -> Tensor:
+                         key_counts: Optional[Tensor], scaling: float, attended: int, mode: str) -> Tensor:
     return v.new_empty((q.size(0), q.size(1), 1, q.size(3)))
 
 

@@ -18,7 +18,7 @@ Three paths compute it:
   unfused too), and every other method; over long sequences a chunk of queries at a time,
   recomputed in the backward pass (``function_in_chunks``), so that no (T, S) tensor is kept.
 
-* one kernel for a decoding step of hard retrieval and ReLA (``AttentionSpec.decoding_kernel``, where
+* one kernel for a decoding step of hard retrieval, ReLA and top-k (``AttentionSpec.decoding_kernel``, where
   Triton's kernels run): scores, selection and output in one launch, no (B, H, 1, S) intermediate.
 
 TorchScript compiles the second path only (``torch.jit.is_scripting()`` branches; the fused path's
@@ -37,6 +37,7 @@ from ..attention import (
     function_module, get_attention,
 )
 from ..attention.structured import DEFAULT_PATTERN_SEED
+from ..kernels.decoding_step import MAX_KEYS as MAX_DECODING_KEYS
 from ..kernels.device import runs_fused
 from .attention_masks import as_bool, combine_masks
 from .l0drop import counted_padding
@@ -240,8 +241,8 @@ class SparseMultiheadAttention(MultiheadAttention):
             out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
         elif self.impl == "reference":
             out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
-        elif self._decodes_in_one_kernel(tgt_len, ctx, attn_mask):
-            out, weights = self.spec.decoding_kernel(q, k, v, key_padding_mask, ctx.key_counts, self.scaling), None
+        elif self._decodes_in_one_kernel(tgt_len, k.size(2), ctx, attn_mask):
+            out, weights = self.spec.decoding_kernel(q, k, v, key_padding_mask, ctx.key_counts, self.scaling, ctx.k), None
         elif self.spec.selection is not None and not need_weights and tgt_len > 1:
             out, weights = selected_softmax(self, q, k, v, ctx, (attn_mask, key_padding_mask)), None
         elif not need_weights and function_chunks(q, k) is not None:
@@ -272,11 +273,11 @@ class SparseMultiheadAttention(MultiheadAttention):
         return self.spec.fn(scores, v, mask, ctx)
 
     @torch.jit.unused
-    def _decodes_in_one_kernel(self, tgt_len: int, ctx: AttentionContext, attn_mask: Optional[Tensor]) -> bool:
+    def _decodes_in_one_kernel(self, tgt_len: int, num_keys: int, ctx: AttentionContext, attn_mask: Optional[Tensor]) -> bool:
         """A decoding step of a method with a kernel for it (``AttentionSpec.decoding_kernel``), where kernels run."""
         return (self.spec.decoding_kernel is not None and tgt_len == 1 and not ctx.need_weights and attn_mask is None
                 and not ctx.training and ctx.dropout_p == 0.0 and not torch.is_grad_enabled()
-                and runs_fused(self.q_proj.weight.device))
+                and num_keys <= MAX_DECODING_KEYS and runs_fused(self.q_proj.weight.device))
 
     def attention_dropout_p(self) -> float:
         """The attention dropout rate where it applies (training, or fairseq's --retain-dropout), else 0."""

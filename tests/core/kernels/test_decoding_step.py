@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fairseq_sparse.bench.dispatch_counts import count
-from fairseq_sparse.core.attention import AttentionContext, attention_names, get_attention
+from fairseq_sparse.core.attention import DEFAULT_K, AttentionContext, attention_names, get_attention
 from fairseq_sparse.core.kernels import decoding_step as kernel
 from fairseq_sparse.core.kernels import device
 from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
@@ -28,15 +28,15 @@ def fused(monkeypatch):
     monkeypatch.setattr(device, "INTERPRETED_ON_CPU", True)
 
 
-def test_hard_retrieval_and_every_rela_variant_declare_the_kernel():
-    assert "hard" in WITH_KERNEL and {"rela_g", "rela_i", "relu", "rela_g_gelu", "rela_g_leaky_relu"} <= set(WITH_KERNEL)
+def test_hard_retrieval_top_k_and_every_rela_variant_declare_the_kernel():
+    assert {"hard", "topk", "rela_g", "rela_i", "relu", "rela_g_gelu", "rela_g_leaky_relu"} <= set(WITH_KERNEL)
 
 
-def _reference(name, q, k, v, padding, counts, scaling):
+def _reference(name, q, k, v, padding, counts, scaling, attended=DEFAULT_K):
     """The registered function on the scores the attention module computes for one query."""
     scores = torch.matmul(q * scaling, k.transpose(-1, -2)).float()
     mask = None if padding is None else padding[:, None, None, :]
-    ctx = AttentionContext(training=False, need_weights=False)
+    ctx = AttentionContext(k=attended, training=False, need_weights=False)
     if counts is not None and get_attention(name).supports_key_counts:
         ctx.key_counts = counts
     return get_attention(name).fn(scores, v, mask, ctx)[0]
@@ -57,10 +57,10 @@ def test_the_kernel_equals_the_registered_function(name, keys, head_dim, fused):
     scaling = head_dim ** -0.5
     for pad, cnt in ((None, None), (padding, None), (padding, counts)):
         expected = _reference(name, q, k, v, pad, cnt, scaling)
-        got = kernel.decoding_step(q, k, v, pad, cnt, scaling, kernel_mode(name))
+        got = kernel.decoding_step(q, k, v, pad, cnt, scaling, DEFAULT_K, kernel_mode(name))
         assert got.shape == expected.shape and got.dtype == v.dtype
         assert (got - expected).abs().max() <= 1e-5 * max(1.0, expected.abs().max()), (pad is None, cnt is None)
-    assert torch.equal(kernel.decoding_step(q, k, v, padding, None, scaling, kernel_mode(name))[2],
+    assert torch.equal(kernel.decoding_step(q, k, v, padding, None, scaling, DEFAULT_K, kernel_mode(name))[2],
                        torch.zeros(heads, 1, head_dim, device=DEVICE))
 
 
@@ -77,9 +77,25 @@ def test_tied_keys_go_to_the_first_of_them_across_blocks(fused):
     for first, second in ((3, 140), (70, 71), (66, 130)):
         tied = k.clone()
         tied[0, 0, first] = tied[0, 0, second] = q[0, 0, 0]
-        got = kernel.decoding_step(q, tied, v, None, None, 1.0, "argmax")
+        got = kernel.decoding_step(q, tied, v, None, None, 1.0, DEFAULT_K, "argmax")
         assert torch.equal(got[0, 0, 0], v[0, 0, first]), (first, second)
         assert torch.equal(got, _reference("hard", q, tied, v, None, None, 1.0))
+
+
+@pytest.mark.parametrize("attended", [1, 3, 8, 40])  # 40: more than the keys, every visible key kept
+def test_top_k_keeps_every_key_tied_with_the_kth_and_reads_counts_as_places(attended, fused):
+    head_dim, keys = 8, 20
+    q = torch.ones(2, 1, 1, head_dim, device=DEVICE)
+    levels = torch.tensor([5.0, 3.0, 3.0, 3.0, 1.0] * 4, device=DEVICE)  # runs of equal scores
+    k = levels.view(1, 1, keys, 1).expand(2, 1, keys, head_dim) / head_dim
+    v = torch.randn(2, 1, keys, head_dim, device=DEVICE)
+    counts = torch.randint(1, 4, (2, 1, 1, keys), device=DEVICE).float()
+    padding = torch.zeros(2, keys, dtype=torch.bool, device=DEVICE)
+    padding[1, :7] = True
+    for cnt in (None, counts):
+        expected = _reference("topk", q, k, v, padding, cnt, 1.0, attended)
+        got = kernel.decoding_step(q, k, v, padding, cnt, 1.0, attended, "topk")
+        assert (got - expected).abs().max() <= 1e-5, cnt is None
 
 
 def test_strided_caches_as_the_module_keeps_them(fused):
@@ -87,9 +103,9 @@ def test_strided_caches_as_the_module_keeps_them(fused):
     memory = torch.randn(9, 2, 4 * 16, device=DEVICE)  # (S, B, E)
     k = memory.view(9, 2, 4, 16).permute(1, 2, 0, 3)  # (B, H, S, d_h), as _split_heads leaves it
     q = torch.randn(2, 4, 1, 16, device=DEVICE)
-    for name in ("hard", "rela_g"):
+    for name in ("hard", "rela_g", "topk"):
         expected = _reference(name, q, k, k, None, None, 0.25)
-        assert (kernel.decoding_step(q, k, k, None, None, 0.25, kernel_mode(name)) - expected).abs().max() <= 1e-5
+        assert (kernel.decoding_step(q, k, k, None, None, 0.25, DEFAULT_K, kernel_mode(name)) - expected).abs().max() <= 1e-5
 
 
 def _decode(module, steps, memory=None, memory_padding=None):
@@ -107,14 +123,14 @@ def _decode(module, steps, memory=None, memory_padding=None):
 
 
 @pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
-@pytest.mark.parametrize("name", ["hard", "rela_g", "rela_g_gelu"])
+@pytest.mark.parametrize("name", ["hard", "topk", "rela_g", "rela_g_gelu"])
 def test_the_module_decodes_with_the_kernel_as_with_the_reference(name, cross, fused):
     torch.manual_seed(5)
     embed, heads = 64, 4
     modules = {}
     for impl in ("auto", "reference"):
         torch.manual_seed(5)
-        modules[impl] = SparseMultiheadAttention(embed, heads, attn_fn=name, impl=impl, self_attention=not cross,
+        modules[impl] = SparseMultiheadAttention(embed, heads, attn_fn=name, attn_k=3, impl=impl, self_attention=not cross,
                                                  encoder_decoder_attention=cross).to(DEVICE).eval()
     steps = torch.randn(5, 1, 3, embed, device=DEVICE)  # 5 steps of (T=1, B=3, E)
     memory = torch.randn(11, 3, embed, device=DEVICE) if cross else None
@@ -169,7 +185,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from fairseq_sparse.core.kernels.decoding_step import MODES, _decoding_step
 pointers = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
-integers = ("num_keys", "heads", "head_dim", "q_batch_stride", "q_head_stride", "k_batch_stride", "k_head_stride",
+integers = ("num_keys", "heads", "head_dim", "attended", "q_batch_stride", "q_head_stride", "k_batch_stride", "k_head_stride",
             "k_key_stride", "v_batch_stride", "v_head_stride", "v_key_stride", "padding_batch_stride",
             "counts_batch_stride", "out_batch_stride", "out_head_stride")
 for arch in (80, 90):

@@ -18,9 +18,10 @@ decoding, was measured slower. Here one program per (sentence, head) walks the k
   Sparse Transformer, eq. 5). One block holds at most ``MAX_KEYS`` keys.
 
 A query with no unmasked key gets a zero row, as the registered functions give it. The eager twins are
-the registered functions themselves (``attention.hard_retrieval``, ``attention.rela``): the kernel runs
-only where they would run with one query, no requested weights, no attention mask and no gradient
-(``SparseMultiheadAttention``), and is tested against them under Triton's interpreter. Scores are
+the registered functions themselves (``attention.hard_retrieval``, ``attention.rela``,
+``attention.functions``' top-k): the kernel runs only where they would run with one query, no requested
+weights, no attention mask, no dropout and no gradient (``SparseMultiheadAttention``), and is tested
+against them under Triton's interpreter. Scores are
 accumulated in float32 from the cached keys, so in half precision they may differ from the eager
 product in the last bits (a near-tie of the argmax within that rounding can go the other way).
 
@@ -45,6 +46,18 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
+    def _visible_scores(keys, num_keys, batch, padding_ptr, padding_batch_stride, k_base, k_key_stride, dims, in_dim,
+                        query, HAS_PADDING: tl.constexpr):
+        """Which of ``keys`` are keys (in range, not padding) and their scores against ``query``."""
+        visible = keys < num_keys
+        if HAS_PADDING:
+            padded = tl.load(padding_ptr + batch * padding_batch_stride + keys, mask=visible, other=1)
+            visible = visible & (padded == 0)
+        key_rows = tl.load(k_base + keys[:, None] * k_key_stride + dims[None, :],
+                           mask=visible[:, None] & in_dim[None, :], other=0.0)
+        return visible, tl.sum(key_rows.to(tl.float32) * query[None, :], axis=1)
+
+    @triton.jit
     def _decoding_step(q_ptr, k_ptr, v_ptr, padding_ptr, counts_ptr, out_ptr,
                        num_keys, heads, head_dim, scaling, attended,
                        q_batch_stride, q_head_stride, k_batch_stride, k_head_stride, k_key_stride,
@@ -66,13 +79,9 @@ if triton is not None:
         total = tl.zeros((BLOCK_DIM,), tl.float32)
         if MODE == 4:  # top-k: every key in one block (BLOCK_KEYS >= num_keys)
             keys = tl.arange(0, BLOCK_KEYS)
-            visible = keys < num_keys
-            if HAS_PADDING:
-                padded = tl.load(padding_ptr + batch * padding_batch_stride + keys, mask=visible, other=1)
-                visible = visible & (padded == 0)
-            key_rows = tl.load(k_base + keys[:, None] * k_key_stride + dims[None, :],
-                               mask=visible[:, None] & in_dim[None, :], other=0.0)
-            scores = tl.where(visible, tl.sum(key_rows.to(tl.float32) * query[None, :], axis=1), float("-inf"))
+            visible, scores = _visible_scores(keys, num_keys, batch, padding_ptr, padding_batch_stride, k_base,
+                                              k_key_stride, dims, in_dim, query, HAS_PADDING)
+            scores = tl.where(visible, scores, float("-inf"))
             counts = tl.full((BLOCK_KEYS,), 1.0, tl.float32)
             if HAS_COUNTS:
                 counts = tl.load(counts_ptr + batch * counts_batch_stride + keys, mask=visible, other=0.0)
@@ -98,13 +107,8 @@ if triton is not None:
         else:
             for start in range(0, num_keys, BLOCK_KEYS):
                 keys = start + tl.arange(0, BLOCK_KEYS)
-                visible = keys < num_keys
-                if HAS_PADDING:
-                    padded = tl.load(padding_ptr + batch * padding_batch_stride + keys, mask=visible, other=1)
-                    visible = visible & (padded == 0)
-                key_rows = tl.load(k_base + keys[:, None] * k_key_stride + dims[None, :],
-                                   mask=visible[:, None] & in_dim[None, :], other=0.0)
-                scores = tl.sum(key_rows.to(tl.float32) * query[None, :], axis=1)
+                visible, scores = _visible_scores(keys, num_keys, batch, padding_ptr, padding_batch_stride, k_base,
+                                                  k_key_stride, dims, in_dim, query, HAS_PADDING)
                 if MODE == 0:
                     scores = tl.where(visible, scores, float("-inf"))
                     block_best = tl.max(scores, axis=0)

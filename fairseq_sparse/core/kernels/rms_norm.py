@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .device import runs_fused, triton  # noqa: F401  (runs_fused: where this kernel runs)
+from .device import triton
 
 if triton is not None:
     import triton.language as tl

@@ -8,8 +8,12 @@ row, with the softmax row's weights), one model is built on the CPU, copied to
 (TF32 matmuls off), and the same target decoded incrementally, one step at a time, as
 ``fairseq-generate`` does (where a CUDA device takes the decoding-step kernels of
 ``core/kernels/``, the CPU the registered functions). The table gives the max abs difference of the
-logits both ways, the largest logit (for scale) and the fraction of positions whose argmax token
-agrees. The script exits 1 if any row's difference exceeds ``--tolerance``.
+logits both ways, the largest logit (for scale), the fraction of positions whose argmax token
+agrees and the largest difference of the parameters' gradients (of the teacher-forced logits'
+weighted sum) relative to the largest gradient. The script exits 1 if any row's logits differ by
+more than ``--tolerance`` or its gradients by more than ``--gradient-tolerance``.
+``--device-attn-impl flex`` runs the device's copy with ``--attn-impl flex`` (the patterns through
+FlexAttention, forward and backward) against the CPU's own path.
 
     python -m fairseq_sparse.bench.cuda_equality                    # needs a CUDA device
     python -m fairseq_sparse.bench.cuda_equality --device cpu       # CPU against CPU: a smoke test of the script
@@ -26,7 +30,8 @@ from typing import Dict, List
 import torch
 
 import fairseq_sparse  # noqa: F401
-from fairseq_sparse.core.attention import DEFAULT_K, attention_names
+from fairseq_sparse.core.attention import ATTN_IMPLS, DEFAULT_K, attention_names
+from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, stock_architectures, build, build_row, build_stock_reference,
                                          make_batch, random_sentences, row_sublayers, synthetic_dictionary)
 
@@ -46,6 +51,10 @@ def parse_args(argv=None):
     parser.add_argument("--k", type=int, default=DEFAULT_K)
     parser.add_argument("--pruned", "--sparsity", type=float, default=0.45, help="fraction of source encodings the L0Drop rows prune")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest max abs logit difference that passes")
+    parser.add_argument("--gradient-tolerance", type=float, default=1e-3,
+                        help="largest max abs gradient difference, relative to the largest gradient, that passes")
+    parser.add_argument("--device-attn-impl", choices=ATTN_IMPLS, default=ATTN_IMPLS[0],
+                        help="--attn-impl of the device's copy (the CPU's: auto; default: %(default)s)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args(argv)
@@ -93,18 +102,35 @@ def decoded_logits(model, batch) -> torch.Tensor:
     return torch.stack(steps, dim=1).float().cpu()
 
 
+def gradients(model, batch) -> Dict[str, torch.Tensor]:
+    """Gradients of every parameter of a fixed weighted sum of the teacher-forced logits (eval mode: no dropout)."""
+    model.zero_grad(set_to_none=True)
+    logits = model(**batch)[0].float()
+    weights = torch.linspace(-1, 1, logits.size(-1), device=logits.device)
+    (logits * weights).sum().backward()
+    return {name: p.grad.float().cpu() for name, p in model.named_parameters() if p.grad is not None}
+
+
 def compare(row: str, args, dictionary, batch) -> Dict[str, float]:
     model = cpu_model(row, args, dictionary, batch).eval()
     other = copy.deepcopy(model).to(args.device).eval()
+    for module in other.modules():
+        if isinstance(module, SparseMultiheadAttention):
+            module.impl = args.device_attn_impl
     moved = {k: v.to(args.device) for k, v in batch.items()}
     with torch.no_grad():
         logits = model(**batch)[0].float()
         logits_other = other(**moved)[0].float().cpu()
         decoded, decoded_other = decoded_logits(model, batch), decoded_logits(other, moved)
+    grads, grads_other = gradients(model, batch), gradients(other, moved)
+    scale = max(g.abs().max().item() for g in grads.values())
+    grad_diff = float("inf")  # a parameter with a gradient on one device only
+    if set(grads) == set(grads_other):
+        grad_diff = max((grads[name] - grads_other[name]).abs().max().item() for name in grads) / max(scale, 1e-12)
     real = batch["prev_output_tokens"].ne(dictionary.pad())
     agree = (logits.argmax(-1) == logits_other.argmax(-1))[real].float().mean().item()
     return {"diff": (logits - logits_other).abs().max().item(), "scale": logits.abs().max().item(), "agree": agree,
-            "decode_diff": (decoded - decoded_other)[real].abs().max().item()}
+            "decode_diff": (decoded - decoded_other)[real].abs().max().item(), "grad_diff": grad_diff}
 
 
 def main(argv: List[str] = None) -> int:
@@ -118,23 +144,25 @@ def main(argv: List[str] = None) -> int:
     batch, _ = make_batch(sources, sources, dictionary, "cpu")
     device_name = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else args.device
     print(f"CPU vs {args.device} ({device_name}): {args.arch}, float32, eval mode, TF32 off, batch {args.batch_size} "
-          f"random sentences of {max(2, args.src_len // 2)}-{args.src_len} tokens, teacher forcing and incremental decoding; "
-          f"pass: max |Δ logits| ≤ {args.tolerance:g}\n")
-    print("| row | sublayers | max abs Δ logits | max abs Δ logits, decoding | max abs logit | argmax agreement | result |")
-    print("|---|---|---:|---:|---:|---:|---|")
+          f"random sentences of {max(2, args.src_len // 2)}-{args.src_len} tokens, teacher forcing and incremental decoding, "
+          f"the device's --attn-impl {args.device_attn_impl}; pass: max |Δ logits| ≤ {args.tolerance:g} and "
+          f"max |Δ gradient| / max |gradient| ≤ {args.gradient_tolerance:g}\n")
+    print("| row | sublayers | max abs Δ logits | max abs Δ logits, decoding | max abs logit | argmax agreement "
+          "| max abs Δ gradients (relative) | result |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
     failed = []
     for row in dict.fromkeys(args.functions):
         try:
             r = compare(row, args, dictionary, batch)
         except Exception as err:  # one row's failure must not hide the others
             failed.append(row)
-            print(f"| {row} | {describe(row)} | - | - | - | - | ERROR {type(err).__name__}: {str(err)[:200]} |", flush=True)
+            print(f"| {row} | {describe(row)} | - | - | - | - | - | ERROR {type(err).__name__}: {str(err)[:200]} |", flush=True)
             continue
-        ok = max(r["diff"], r["decode_diff"]) <= args.tolerance
+        ok = max(r["diff"], r["decode_diff"]) <= args.tolerance and r["grad_diff"] <= args.gradient_tolerance
         if not ok:
             failed.append(row)
         print(f"| {row} | {describe(row)} | {r['diff']:.2e} | {r['decode_diff']:.2e} | {r['scale']:.2f} | {r['agree']:.1%} | "
-              f"{'ok' if ok else 'DIFFERENT'} |", flush=True)
+              f"{r['grad_diff']:.2e} | {'ok' if ok else 'DIFFERENT'} |", flush=True)
     print(f"\n{len(failed)} of {len(args.functions)} rows differ or failed" + (f": {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

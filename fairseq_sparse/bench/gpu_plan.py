@@ -38,6 +38,11 @@ SPEED_RUN_OPTIONS = ["--device", "cuda", "--arch", "transformer_sparse", "--beam
                      "--long-lengths", "1024", "4096", "--long-batch-size", "1", "--repeats", "3",
                      "--functions", "topk", "hard", "rela_g", "sparsemax", "entmax15", "entmax_alpha", "l0drop",
                      "window", "block", "dilated", "bigbird", "topk_oow"]
+# --attn-impl flex (the patterns through FlexAttention): every pattern that has a mask_mod in the full profile,
+# the two the issue's document-length targets name (and BigBird's random keys, for equality) in the speed profile.
+FLEX_FUNCTIONS = [name for name in attention_names() if get_attention(name).flex_mask is not None]
+SPEED_FLEX_RUN_FUNCTIONS = ["window", "block"]
+SPEED_FLEX_EQUALITY_FUNCTIONS = ["window", "block", "bigbird"]
 PROFILES = ("full", "speed")
 VALID_PAIRS = 40  # sentence pairs of the synthetic validation set
 
@@ -122,8 +127,14 @@ def benchmark_steps(report_dir: Path, timeout: float, run_timeout: float, dtype:
              Step("operations", "operations", "Hard Retrieval Table 2, per-operation times:",
                   command=[python, "-m", "fairseq_sparse.bench.operations", "--device", "cuda"], timeout=timeout)]
     lengths, run_options = MEMORY_LENGTHS, RUN_OPTIONS
+    flex_equality, flex_run = FLEX_FUNCTIONS, FLEX_FUNCTIONS
     if profile == "speed":
         lengths, run_options = SPEED_MEMORY_LENGTHS, SPEED_RUN_OPTIONS
+        flex_equality, flex_run = SPEED_FLEX_EQUALITY_FUNCTIONS, SPEED_FLEX_RUN_FUNCTIONS
+    steps.append(Step("equality flex", "equality",
+                      "CPU vs CUDA with --attn-impl flex on CUDA (FlexAttention, compiled), logits and gradients:",
+                      command=[python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda",
+                               "--device-attn-impl", "flex", "--functions", *flex_equality], timeout=timeout))
     for causal in (False, True):
         steps.append(Step("memory causal" if causal else "memory", "memory",
                           f"peak memory, {'decoder (causal)' if causal else 'encoder'} self-attention, {dtype}:",
@@ -131,11 +142,32 @@ def benchmark_steps(report_dir: Path, timeout: float, run_timeout: float, dtype:
                                    "--lengths", *lengths, "--functions", *attention_names()]
                           + (["--causal"] if causal else []),
                           timeout=timeout))
+    steps.append(Step("memory flex", "memory", f"peak memory, encoder self-attention, --attn-impl flex, {dtype}:",
+                      command=[python, "-m", "fairseq_sparse.bench.memory", "--device", "cuda", "--dtype", dtype,
+                               "--attn-impl", "flex", "--lengths", *lengths, "--functions", *flex_run],
+                      timeout=timeout))
     steps.append(Step("run", "run", f"train / decode throughput vs stock fairseq and softmax, {dtype}:",
                       command=[python, "-m", "fairseq_sparse.bench.run", *run_options, "--dtype", dtype,
                                "--csv", str(report_dir / csv_name)],
                       timeout=run_timeout))
+    flex_options = _without_option(run_options, "--functions")
+    steps.append(Step("run flex", "run", f"the same with --attn-impl flex for the patterns (compilation in the warm-up), {dtype}:",
+                      command=[python, "-m", "fairseq_sparse.bench.run", *flex_options, "--functions", *flex_run,
+                               "--attn-impl", "flex", "--dtype", dtype,
+                               "--csv", str(report_dir / csv_name.replace(".csv", ".flex.csv"))],
+                      timeout=run_timeout))
     return steps
+
+
+def _without_option(options: List[str], name: str) -> List[str]:
+    """``options`` without ``name`` and the values that follow it (up to the next option)."""
+    kept, skipping = [], False
+    for item in options:
+        if item.startswith("--"):
+            skipping = item == name
+        if not skipping:
+            kept.append(item)
+    return kept
 
 
 def side_file(args: argparse.Namespace, name: str) -> str:

@@ -151,8 +151,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                              "name, e.g. h200 (default: runs/gpu-report/REPORT.md; with --profile speed: "
                              "results/bench/gpu_{device}_DTYPE.md)")
     parser.add_argument("--profile", choices=PROFILES, default="full",
-                        help="full: every step below; speed: the users' regime only (memory and run in --dtype, "
-                             "about 8 minutes on one H100/H200), written to results/bench (default: %(default)s)")
+                        help="full: every step below; speed: the users' regime only (CUDA vs CPU equality, memory and run "
+                             "in --dtype, about 8 minutes on one H100/H200), written to results/bench (default: %(default)s)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
                         help="precision of the memory and run benchmarks (default: %(default)s; the training check "
                              "always runs both --fp16 and --bf16)")
@@ -173,7 +173,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.jobs < 1 or args.train_updates < 2:
         parser.error("--jobs must be positive and --train-updates at least 2")
     if args.only is None:
-        args.only = ["memory", "run"] if args.profile == "speed" else list(GROUPS)
+        # the speed profile checks first that the device's paths (kernels, FlexAttention) equal the CPU's
+        args.only = ["equality", "memory", "run"] if args.profile == "speed" else list(GROUPS)
     if args.out is None:
         args.out = (Path("results") / "bench" / f"gpu_{{device}}_{args.dtype}.md" if args.profile == "speed"
                     else Path("runs") / "gpu-report" / "REPORT.md")

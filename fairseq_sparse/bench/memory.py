@@ -41,7 +41,7 @@ from fairseq.modules import MultiheadAttention
 from torch.profiler import ProfilerActivity, profile
 
 import fairseq_sparse  # noqa: F401  (registers the functions)
-from fairseq_sparse.core.attention import DEFAULT_K, attention_names, get_attention
+from fairseq_sparse.core.attention import ATTN_IMPLS, DEFAULT_K, attention_names, get_attention
 from fairseq_sparse.bench.common import DTYPES, FAIRSEQ, add_dtype_option, resolve_dtype
 from fairseq_sparse.core.modules.gathered_attention import GATHER_CHUNK_ELEMENTS
 from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
@@ -77,7 +77,8 @@ def build_attention(name: str, args) -> torch.nn.Module:
     """The plugin's module running ``name``, or (``fairseq``) stock MultiheadAttention with softmax's weights."""
     torch.manual_seed(args.seed)  # the same projections for every function
     plugin = SparseMultiheadAttention(args.embed_dim, args.heads, attn_fn="softmax" if name == FAIRSEQ else name,
-                                      attn_k=args.k, dropout=args.attention_dropout, self_attention=True)
+                                      attn_k=args.k, dropout=args.attention_dropout, self_attention=True,
+                                      impl=args.attn_impl)
     if name != FAIRSEQ:
         return plugin.to(args.device, DTYPES[args.dtype])
     stock = MultiheadAttention(args.embed_dim, args.heads, dropout=args.attention_dropout, self_attention=True)
@@ -121,7 +122,7 @@ def format_table(results: Dict[str, Dict[str, float]], length: int, args) -> str
     lines = [
         f"peak memory above inputs and parameters, one self-attention sublayer, {mode}, length {length}, "
         f"batch {args.batch_size}, d_model {args.embed_dim}, {args.heads} heads, k={args.k}, "
-        f"attention dropout {args.attention_dropout}, device {args.device}, {args.dtype}; "
+        f"attention dropout {args.attention_dropout}, device {args.device}, {args.dtype}, --attn-impl {args.attn_impl}; "
         f"{FAIRSEQ} = stock fairseq MultiheadAttention (fused path), softmax's weights",
         "",
         "| function | forward MiB | ×fairseq | ×softmax | forward+backward MiB | ×fairseq | ×softmax |",
@@ -153,6 +154,8 @@ def main(argv: List[str] = None) -> Dict[int, Dict[str, Dict[str, float]]]:
                         help="attention dropout of every row, active in the passes (default: %(default)s)")
     parser.add_argument("--causal", action="store_true", help="decoder self-attention: mask future keys")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--attn-impl", choices=ATTN_IMPLS, default=ATTN_IMPLS[0],
+                        help="how the plugin's rows compute attention (the model option --attn-impl; default: %(default)s)")
     add_dtype_option(parser)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")

@@ -107,14 +107,17 @@ def test_gpu_report_dry_run_prints_the_plan():
 
 
 def test_gpu_report_speed_profile_measures_the_users_regime_into_results():
-    """--profile speed: memory and run only, in bf16 by default, the report under results/bench named by device."""
+    """--profile speed: equality, memory and run only (each also with --attn-impl flex), in bf16 by default, the
+    report under results/bench named by device."""
     result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-report.sh"), "--profile", "speed", "--dry-run"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     text = result.stdout
-    assert "[train]" not in text and "[equality]" not in text and "plan: 4 steps" in text
+    assert "[train]" not in text and "[operations]" not in text and "plan: 8 steps" in text
     assert "fairseq_sparse.bench.memory --device cuda --dtype bf16 --lengths 1024 4096" in text
     assert "--long-lengths 1024 4096" in text and "--dtype bf16 --csv" in text
+    assert "--device-attn-impl flex --functions window block bigbird" in text
+    assert "--functions window block --attn-impl flex --dtype bf16 --csv" in text and "_bf16.speed.flex.csv" in text
     device = "nogpu" if not torch.cuda.is_available() else ""
     assert f"results/bench/gpu_{device}" in text and "_bf16.md" in text and "_bf16.speed.csv" in text
     fp16 = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-report.sh"), "--profile", "speed", "--dtype", "fp16",

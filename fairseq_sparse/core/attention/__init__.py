@@ -13,6 +13,7 @@ from .registry import (  # noqa: F401
     SUBLAYERS,
     AttentionContext,
     AttentionSpec,
+    PatternGeometry,
     attention_names,
     check_attn_impl,
     check_hard_train,

@@ -56,8 +56,10 @@ DEFAULT_K = 8
 HARD_TRAIN_CHOICES = ("sample", "argmax")
 # How an attention module computes its method (--attn-impl): auto, the fastest path of the device that
 # equals the method (fused kernels, query chunks, gathered keys, Triton kernels); reference, the
-# registered function over (T, S) float32 scores everywhere (the definition, for checking a result).
-ATTN_IMPLS = ("auto", "reference")
+# registered function over (T, S) float32 scores everywhere (the definition, for checking a result);
+# flex, the position-only patterns through PyTorch's FlexAttention with a block mask (CUDA; forward only on
+# a CPU), every other method as auto: not auto's choice until a GPU has measured it against auto's paths.
+ATTN_IMPLS = ("auto", "reference", "flex")
 
 
 class AttentionContext:
@@ -101,6 +103,43 @@ class AttentionContext:
         # compressed memory stands one zero slot in for its c pruned encodings; a function
         # registered with supports_key_counts must treat it exactly as c identical keys.
         self.key_counts = key_counts
+
+
+class PatternGeometry:
+    """Which keys each query of one call may see, in the terms a FlexAttention mask_mod reads.
+
+    Every tensor is expanded to the batch (no copy), so that ``mask_mod(b, h, q_idx, kv_idx)`` indexes it
+    with any sentence b. Positions count real tokens as ``AttentionContext``'s do.
+    """
+
+    def __init__(self, query_positions: Tensor, key_positions: Tensor, key_padding: Optional[Tensor], causal: bool,
+                 batch: int):
+        # batch: the call's sentences, which FlexAttention hands to mask_mod as b even where every
+        # sentence has the same positions (no padding: positions of shape (1, ...))
+        self.query_positions = query_positions.expand(batch, -1)  # (B, T) long
+        self.key_positions = key_positions.expand(batch, -1)  # (B, S) long, -1 at left padding
+        self.key_padding = None if key_padding is None else key_padding.expand(batch, -1)  # (B, S) bool, True at padding
+        self.causal = causal  # no query sees a key after it (fairseq's future mask)
+        # self-attention queries are the last T keys: query i is key i + future_offset
+        self.future_offset = self.key_positions.size(1) - self.query_positions.size(1)
+        # (B, T): the position of the last key each query may see (its own under a causal mask)
+        if causal:
+            self.last_visible = self.query_positions
+        else:
+            self.last_visible = self.key_positions.amax(dim=1, keepdim=True).expand_as(self.query_positions)
+
+    @property
+    def batch_size(self) -> int:
+        return self.key_positions.size(0)
+
+    def visible(self, b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        """True where query q_idx of sentence b may see key kv_idx (neither padding nor future)."""
+        seen = kv_idx >= 0  # every key, as a bool of kv_idx's shape
+        if self.key_padding is not None:
+            seen = seen & ~self.key_padding[b, kv_idx]
+        if self.causal:
+            seen = seen & (kv_idx <= q_idx + self.future_offset)
+        return seen
 
 
 # The sublayers of a transformer, in fairseq's order.
@@ -153,6 +192,10 @@ class AttentionSpec:
     # with no requested weights, no attention mask, no dropout and no gradient, and equal to it there
     # (kernels.decoding_step: hard retrieval's argmax and gather, ReLA's rectified sum, top-k's softmax).
     decoding_kernel: Optional[Callable[..., Tensor]] = None
+    # Its selection as a FlexAttention mask_mod, for a selection that reads no scores: called as
+    # (PatternGeometry, AttentionContext) once per call, returns mask_mod(b, h, q_idx, kv_idx) -> bool, True
+    # where the query attends to the key, equal to ~selection (--attn-impl flex: modules.flex_patterns).
+    flex_mask: Optional[Callable[..., Callable[..., Tensor]]] = None
     # TorchScript compiles `fn` (typed arguments, no Python-only constructs on its inference path);
     # False for functions of libraries that TorchScript cannot compile (the entmax package)
     scriptable: bool = True

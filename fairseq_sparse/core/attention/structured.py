@@ -20,15 +20,23 @@ Softmax runs over the selected, unmasked keys; a query left with no key gets wei
 and output 0. Each method is registered as its *selection* (``register_selection``):
 a function returning the keys it hides, from which the registry builds the attention
 function and the module its fused path.
+
+The patterns that read no scores also say the same selection as a FlexAttention mask_mod
+(``flex_mask``, for ``--attn-impl flex``): a rule per (query, key) that reads a few numbers per
+query (where its window starts, its random keys) computed once per call, so that no (T, S)
+tensor is needed. The k nearest visible keys in neighbour order always form one run of
+positions: the query's own run, shifted inwards where it would leave the visible ones
+(``window_start``). tests/core/attention/test_pattern_flex_masks.py checks every mask_mod
+against its selection.
 """
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from .functions import register_selection, topk_mask
-from .registry import AttentionContext
+from .registry import AttentionContext, PatternGeometry
 
 # Distance between attended neighbours of `dilated`: every other position, so a query
 # never sees its odd-distance neighbours (the "holes" of a dilated convolution).
@@ -162,8 +170,126 @@ def _on_lattice(offset: Tensor, dilation: int = DILATION) -> Tensor:
     return offset.remainder(dilation) == 0
 
 
+def window_start(query_pos: Tensor, last: Tensor, lowest: Union[int, Tensor], width: int) -> Tensor:
+    """First position of the ``width`` nearest positions to each query among lowest..last, in neighbour order.
+
+    query_pos, last (and lowest, when a tensor): (B, T) long. Centred on the query with one more before than after when width is
+    even (ceil((width - 1) / 2) before), shifted inwards at either end; every position of lowest..last
+    when there are fewer.
+    """
+    before = width // 2  # ceil((width - 1) / 2)
+    highest_start = (last - width + 1).clamp(min=lowest)
+    return torch.minimum((query_pos - before).clamp(min=lowest), highest_start)
+
+
+def random_picks(geometry: PatternGeometry, candidates, count: int, seed: int, rows_at_once: int = 256) -> Tensor:
+    """Positions of the ``count`` candidate keys of smallest ``random_rank`` per query, (B, T, count) long, -2
+    in a slot left empty (fewer candidates). ``candidates(b, q_idx, kv_idx)`` -> bool, broadcasting.
+
+    Evaluated a chunk of queries at a time, with no gradient: a few (B, rows, S) integers at once.
+    """
+    batch, num_queries = geometry.query_positions.shape
+    device = geometry.key_positions.device
+    b = torch.arange(batch, device=device).view(-1, 1, 1)
+    kv_idx = torch.arange(geometry.key_positions.size(1), device=device).view(1, 1, -1)
+    key_pos = geometry.key_positions[:, None, :]
+    picks = []
+    with torch.no_grad():
+        for start in range(0, num_queries, rows_at_once):
+            q_idx = torch.arange(start, min(start + rows_at_once, num_queries), device=device).view(1, -1, 1)
+            rank = random_rank(geometry.query_positions[:, q_idx.view(-1), None], key_pos, seed)
+            rank = rank.masked_fill(~candidates(b, q_idx, kv_idx), _NEVER)
+            smallest, keys = rank.topk(min(count, rank.size(-1)), dim=-1, largest=False)
+            chosen = key_pos.expand_as(rank).gather(-1, keys).masked_fill(smallest == _NEVER, -2)
+            if chosen.size(-1) < count:
+                chosen = torch.nn.functional.pad(chosen, (0, count - chosen.size(-1)), value=-2)
+            picks.append(chosen)
+    return torch.cat(picks, dim=1)
+
+
+def pattern_flex_mask(geometry: PatternGeometry, num_global: int, num_window: int, num_random: int, seed: int,
+                      global_queries: bool = True):
+    """``pattern_selection`` as a mask_mod: global keys, then a window, then random keys, each among the rest.
+
+    global_queries=False: no query sees every key (``random``, whose rule is not pattern_selection's: there a
+    left-padding query, at position -1, is below any number of global positions).
+    """
+    query_pos, key_pos = geometry.query_positions, geometry.key_positions
+    window_first = window_start(query_pos, geometry.last_visible, num_global, num_window)
+
+    def chosen_before_random(b, q_idx, kv_idx):
+        pos, query = key_pos[b, kv_idx], query_pos[b, q_idx]
+        seen = geometry.visible(b, q_idx, kv_idx)
+        first = window_first[b, q_idx]
+        in_window = (pos >= num_global) & (pos >= first) & (pos < first + num_window)
+        chosen = (pos < num_global) | in_window
+        return seen & ((chosen | (query < num_global)) if global_queries else chosen)
+
+    picks = None
+    if num_random > 0:
+        picks = random_picks(geometry, lambda b, q, kv: geometry.visible(b, q, kv) & ~chosen_before_random(b, q, kv),
+                             num_random, seed)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        chosen = chosen_before_random(b, q_idx, kv_idx)
+        if picks is not None:
+            pos = key_pos[b, kv_idx]
+            for slot in range(num_random):  # unrolled: a mask_mod compiles to elementwise code
+                chosen = chosen | (geometry.visible(b, q_idx, kv_idx) & (pos == picks[b, q_idx, slot]))
+        return chosen
+
+    return mask_mod
+
+
+def block_flex_mask(geometry: PatternGeometry, ctx: AttentionContext):
+    query_pos, key_pos, k = geometry.query_positions, geometry.key_positions, ctx.k
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return geometry.visible(b, q_idx, kv_idx) & (key_pos[b, kv_idx] // k == query_pos[b, q_idx] // k)
+
+    return mask_mod
+
+
+def window_flex_mask(geometry: PatternGeometry, ctx: AttentionContext):
+    key_pos, k = geometry.key_positions, ctx.k
+    first = window_start(geometry.query_positions, geometry.last_visible, 0, k)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        pos, start = key_pos[b, kv_idx], first[b, q_idx]
+        return geometry.visible(b, q_idx, kv_idx) & (pos >= start) & (pos < start + k)
+
+    return mask_mod
+
+
+def dilated_flex_mask(geometry: PatternGeometry, ctx: AttentionContext):
+    """The window rule over lattice steps m (the key at query + DILATION * m), among the visible steps."""
+    query_pos, key_pos, k = geometry.query_positions, geometry.key_positions, ctx.k
+    lowest_step = -torch.div(query_pos, DILATION, rounding_mode="floor")  # first m with a position >= 0
+    highest_step = torch.div(geometry.last_visible - query_pos, DILATION, rounding_mode="floor")
+    first = window_start(torch.zeros_like(query_pos), highest_step, lowest_step, k)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        offset = key_pos[b, kv_idx] - query_pos[b, q_idx]
+        step, start = torch.div(offset, DILATION, rounding_mode="floor"), first[b, q_idx]
+        return geometry.visible(b, q_idx, kv_idx) & _on_lattice(offset) & (step >= start) & (step < start + k)
+
+    return mask_mod
+
+
+def global_flex_mask(geometry: PatternGeometry, ctx: AttentionContext):
+    return pattern_flex_mask(geometry, ctx.k, 0, 0, ctx.seed)
+
+
+def random_flex_mask(geometry: PatternGeometry, ctx: AttentionContext):
+    return pattern_flex_mask(geometry, 0, 0, ctx.k, ctx.seed, global_queries=False)
+
+
+def bigbird_flex_mask(geometry: PatternGeometry, ctx: AttentionContext):
+    return pattern_flex_mask(geometry, *bigbird_split(ctx.k), ctx.seed)
+
+
 @register_selection("block", uses_k=True, uses_positions=True, self_attention_only=True, selection_band=_within_k,
-                    selection_width=_k_keys)
+                    selection_width=_k_keys, flex_mask=block_flex_mask)
 def block_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Block attention: positions are cut into blocks of k; a query attends within its block.
 
@@ -176,7 +302,7 @@ def block_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContex
 
 
 @register_selection("window", uses_k=True, uses_positions=True, self_attention_only=True, selection_band=_within_k,
-                    selection_width=_k_keys)
+                    selection_width=_k_keys, flex_mask=window_flex_mask)
 def window_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Window attention: each query attends to its k nearest visible positions.
 
@@ -191,7 +317,7 @@ def window_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionConte
 
 
 @register_selection("dilated", uses_k=True, uses_positions=True, self_attention_only=True,
-                    selection_band=_within_dilated_k, selection_width=_k_keys)
+                    selection_band=_within_dilated_k, selection_width=_k_keys, flex_mask=dilated_flex_mask)
 def dilated_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Dilated attention: the k nearest visible positions at even distance (dilation 2).
 
@@ -205,7 +331,7 @@ def dilated_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionCont
     return ~selected
 
 
-@register_selection("global", uses_k=True, uses_positions=True, self_attention_only=True)
+@register_selection("global", uses_k=True, uses_positions=True, self_attention_only=True, flex_mask=global_flex_mask)
 def global_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Global attention: positions 0..k-1 attend to all and are attended by all; nothing local.
 
@@ -218,7 +344,7 @@ def global_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionConte
     return ~selected
 
 
-@register_selection("random", uses_k=True, uses_pattern_seed=True, uses_positions=True)
+@register_selection("random", uses_k=True, uses_pattern_seed=True, uses_positions=True, flex_mask=random_flex_mask)
 def random_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Random attention: k visible keys per query, chosen by a hash of (seed, query position, key position).
 
@@ -230,7 +356,8 @@ def random_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionConte
     return ~selected
 
 
-@register_selection("bigbird", uses_k=True, uses_pattern_seed=True, uses_positions=True, self_attention_only=True)
+@register_selection("bigbird", uses_k=True, uses_pattern_seed=True, uses_positions=True, self_attention_only=True,
+                    flex_mask=bigbird_flex_mask)
 def bigbird_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """BigBird: k/4 global positions, then a window of k/2, then k/4 random keys (disjoint parts).
 

@@ -63,8 +63,10 @@ class SparseModelOptions:
                              "the softmax (the paper) or take its argmax", choices=HARD_TRAIN_CHOICES)
     attn_impl: str = option(ATTN_IMPLS[0], "how attention is computed: auto (the fastest path of the device that equals "
                             "the method: fused kernels, query chunks recomputed in the backward pass, gathered keys, "
-                            "Triton kernels) or reference (each method's registered function over (T, S) float32 "
-                            "scores everywhere, the definition; for checking a result)", choices=ATTN_IMPLS)
+                            "Triton kernels), reference (each method's registered function over (T, S) float32 "
+                            "scores everywhere, the definition; for checking a result) or flex (block, window, dilated, "
+                            "global, random and BigBird through PyTorch's FlexAttention, on CUDA; every other method "
+                            "as auto)", choices=ATTN_IMPLS)
     attn_pattern_seed: int = option(DEFAULT_PATTERN_SEED, "seed of the random key choice of random/bigbird attention",
                                     type=int, metavar="N")
     l0drop: bool = option(False, "L0Drop: hard-concrete gates on the encoder outputs (train with "

@@ -6,7 +6,7 @@ checkpoints and beam search behave as with the stock module. Unlike the stock mo
 fairseq's dense shortcut (``F.multi_head_attention_forward``): the chosen method runs in training,
 in the encoder and in incremental decoding.
 
-Three paths compute it:
+Four paths compute it:
 
 * fused, when no weights are requested and the method registers a *selection* (softmax, top-k, the
   structured patterns; see ``attention.registry``): softmax, and a pattern up to a 512-token block,
@@ -20,6 +20,9 @@ Three paths compute it:
 
 * one kernel for a decoding step of hard retrieval, ReLA and top-k (``AttentionSpec.decoding_kernel``, where
   Triton's kernels run): scores, selection and output in one launch, no (B, H, 1, S) intermediate.
+
+* with ``--attn-impl flex``, the position-only patterns through FlexAttention with a block mask
+  (``flex_patterns``), where no weights, dropout or counted memory are asked for.
 
 TorchScript compiles the second path only (``torch.jit.is_scripting()`` branches; the fused path's
 autograd Functions serve training), calling the function through ``function_module``.
@@ -42,6 +45,7 @@ from ..kernels.device import runs_fused
 from .attention_masks import as_bool, combine_masks
 from .l0drop import counted_padding
 from .function_in_chunks import function_chunks, function_in_chunks
+from .flex_patterns import flex_pattern_attention, takes_flex
 from .fused_softmax import selected_softmax
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -243,6 +247,8 @@ class SparseMultiheadAttention(MultiheadAttention):
             out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
         elif self._decodes_in_one_kernel(tgt_len, k.size(2), ctx, attn_mask):
             out, weights = self.spec.decoding_kernel(q, k, v, key_padding_mask, ctx.key_counts, self.scaling, ctx.k), None
+        elif takes_flex(self, tgt_len, k.size(2), ctx, attn_mask):
+            out, weights = flex_pattern_attention(self, q, k, v, ctx, attn_mask, key_padding_mask), None
         elif self.spec.selection is not None and not need_weights and tgt_len > 1:
             out, weights = selected_softmax(self, q, k, v, ctx, (attn_mask, key_padding_mask)), None
         elif not need_weights and function_chunks(q, k) is not None:

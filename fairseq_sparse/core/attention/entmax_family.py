@@ -1,11 +1,15 @@
 """sparsemax, 1.5-entmax and learned alpha-entmax (Correia et al., 2019), from the ``entmax`` package.
 
+A decoding step of sparsemax and 1.5-entmax runs as one kernel where the kernels run
+(``kernels.decoding_step``: the threshold by Newton's method on the scores held in one block).
+
 alpha-entmax keeps the package's mapping and backward pass but finds its threshold by Newton's method
 in 16 steps instead of the package's 50 bisection passes over every row (``EntmaxNewton``).
 
 The package's mappings are autograd Functions with Python-side bookkeeping, which TorchScript
 cannot compile: these functions are registered ``scriptable=False`` (eager models only)."""
 
+from functools import partial
 from typing import Optional
 
 import torch
@@ -14,6 +18,7 @@ from entmax.activations import SparsemaxFunction
 from entmax.root_finding import EntmaxBisectFunction
 from torch import Tensor, nn
 
+from ..kernels.decoding_step import decoding_step
 from .functions import attend
 from .registry import AttentionOutput, register_attention
 
@@ -103,14 +108,14 @@ def _entmax_family(mapping, scores: Tensor, mask: Optional[Tensor], **kwargs) ->
     return mapping(z, dim=-1, **kwargs).masked_fill(mask, 0.0)
 
 
-@register_attention("sparsemax", scriptable=False)
+@register_attention("sparsemax", scriptable=False, decoding_kernel=partial(decoding_step, mode="sparsemax"))
 def sparsemax_attention(scores, values, mask, ctx) -> AttentionOutput:
     """Sparsemax attention (Martins & Astudillo, 2016), from the entmax package."""
     weights = _entmax_family(sparsemax, scores, mask)
     return attend(weights, values, ctx), weights
 
 
-@register_attention("entmax15", scriptable=False)
+@register_attention("entmax15", scriptable=False, decoding_kernel=partial(decoding_step, mode="entmax15"))
 def entmax15_attention(scores, values, mask, ctx) -> AttentionOutput:
     """1.5-entmax attention (Peters et al., 2019), from the entmax package."""
     weights = _entmax_family(entmax15, scores, mask)

@@ -16,6 +16,12 @@ decoding, was measured slower. Here one program per (sentence, head) walks the k
   largest (a key of count c fills c places, as ``attention.functions.kth_largest``), and takes the
   softmax over the keys at or above it (ties with the k-th all kept) times their values (Explicit
   Sparse Transformer, eq. 5). One block holds at most ``MAX_KEYS`` keys.
+* ``sparsemax`` / ``entmax15``: holds the scores in one block too and finds the threshold tau by Newton's
+  method from the left (tau = max - 1, where the largest key alone has weight 1): for sparsemax each step
+  is tau = (sum of the scores above tau - 1) / their number, exact once the support stops shrinking; for
+  1.5-entmax (x = score / 2, weights (x - tau)_+^2) ``ENTMAX_NEWTON_STEPS`` steps, then tau solved
+  exactly on the support found, the quadratic the entmax package solves after its sort. Weights are
+  not renormalised, as the package's are not.
 
 A query with no unmasked key gets a zero row, as the registered functions give it. The eager twins are
 the registered functions themselves (``attention.hard_retrieval``, ``attention.rela``,
@@ -37,7 +43,15 @@ from torch import Tensor
 from .device import triton
 
 # How the step turns scores into its output; the activation's index is the kernel's MODE.
-MODES = ("argmax", "relu", "leaky_relu", "gelu", "topk")
+MODES = ("argmax", "relu", "leaky_relu", "gelu", "topk", "sparsemax", "entmax15")
+# Modes that hold every key of a step in one block.
+ONE_BLOCK_MODES = ("topk", "sparsemax", "entmax15")
+# Newton steps of the sparsemax / 1.5-entmax thresholds. Sparsemax's steps are exact once its support is
+# found (each step removes the keys below the new tau); 1.5-entmax's tau is solved exactly on the support
+# after them. Over 2 to 4,096 keys, score scales 0.01 to 1,000, Gaussian, ramp and log-uniform rows, both
+# supports were found within 9 steps; tests/core/kernels/test_decoding_step.py checks a sample of such rows
+# against the entmax package.
+NEWTON_STEPS = 24
 # The most cached keys a step takes in the kernel (top-k holds them all in one block); the module keeps
 # the registered function beyond (a decoding step past 4,096 tokens of context).
 MAX_KEYS = 4096
@@ -58,13 +72,65 @@ if triton is not None:
         return visible, tl.sum(key_rows.to(tl.float32) * query[None, :], axis=1)
 
     @triton.jit
+    def _topk_weights(scores, visible, keys, counts_ptr, batch, counts_batch_stride, attended,
+                      HAS_COUNTS: tl.constexpr, BLOCK_KEYS: tl.constexpr):
+        """Softmax over the keys at or above the k-th largest score, weighted by key counts, normalised."""
+        counts = tl.full((BLOCK_KEYS,), 1.0, tl.float32)
+        if HAS_COUNTS:
+            counts = tl.load(counts_ptr + batch * counts_batch_stride + keys, mask=visible, other=0.0)
+        # the k-th largest over the multiset: each round takes the largest key left, which fills its count
+        remaining = scores
+        kth = tl.full((), float("-inf"), tl.float32)
+        filled = tl.zeros((), tl.float32)
+        for _ in range(0, attended):
+            largest = tl.max(remaining, axis=0)
+            taken = keys == tl.argmax(remaining, axis=0, tie_break_left=True)
+            kth = tl.where(filled < attended, largest, kth)
+            filled += tl.sum(tl.where(taken, counts, 0.0), axis=0)
+            remaining = tl.where(taken, float("-inf"), remaining)
+        kept = visible & (scores >= kth)
+        top = tl.max(scores, axis=0)
+        top = tl.where(top > float("-inf"), top, 0.0)  # no visible key: no weight, and no NaN
+        weights = tl.where(kept, tl.exp(scores - top), 0.0) * counts
+        norm = tl.sum(weights, axis=0)
+        return tl.where(norm > 0, weights / tl.where(norm > 0, norm, 1.0), 0.0)
+
+    @triton.jit
+    def _entmax_weights(scores, visible, ENTMAX15: tl.constexpr, STEPS: tl.constexpr):
+        """sparsemax or 1.5-entmax weights of one row (-inf at hidden keys; a row with none gets zeros)."""
+        x = scores
+        if ENTMAX15:
+            x = scores * 0.5
+        top = tl.max(x, axis=0)
+        top = tl.where(top > float("-inf"), top, 0.0)
+        x = tl.where(visible, x - top, float("-inf"))  # the largest is 0, as the package shifts it
+        tau = tl.full((), -1.0, tl.float32)
+        for _ in range(STEPS):
+            above = x > tau
+            excess = tl.where(above, x - tau, 0.0)
+            size = tl.sum(above.to(tl.float32), axis=0)
+            if ENTMAX15:  # f(tau) = sum excess^2 - 1, f'(tau) = -2 sum excess
+                tau = tau + (tl.sum(excess * excess, axis=0) - 1.0) / tl.maximum(2.0 * tl.sum(excess, axis=0), 1e-30)
+            else:  # f(tau) = sum excess - 1 on the current support: its root, exactly
+                tau = (tl.sum(tl.where(above, x, 0.0), axis=0) - 1.0) / tl.maximum(size, 1.0)
+        if ENTMAX15:  # tau solved on the support: size tau^2 - 2 s1 tau + s2 - 1 = 0, the smaller root
+            above = x > tau
+            size = tl.maximum(tl.sum(above.to(tl.float32), axis=0), 1.0)
+            mean = tl.sum(tl.where(above, x, 0.0), axis=0) / size
+            mean_square = tl.sum(tl.where(above, x * x, 0.0), axis=0) / size
+            tau = mean - tl.sqrt(tl.maximum(mean * mean - mean_square + 1.0 / size, 0.0))
+            excess = tl.where(visible & (x > tau), x - tau, 0.0)
+            return excess * excess
+        return tl.where(visible & (x > tau), x - tau, 0.0)
+
+    @triton.jit
     def _decoding_step(q_ptr, k_ptr, v_ptr, padding_ptr, counts_ptr, out_ptr,
                        num_keys, heads, head_dim, scaling, attended,
                        q_batch_stride, q_head_stride, k_batch_stride, k_head_stride, k_key_stride,
                        v_batch_stride, v_head_stride, v_key_stride, padding_batch_stride, counts_batch_stride,
                        out_batch_stride, out_head_stride,
                        MODE: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_COUNTS: tl.constexpr,
-                       BLOCK_KEYS: tl.constexpr, BLOCK_DIM: tl.constexpr):
+                       NEWTON_STEPS: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_DIM: tl.constexpr):
         row = tl.program_id(0)
         batch = row // heads
         head = row % heads
@@ -77,33 +143,19 @@ if triton is not None:
         best = tl.full((), float("-inf"), tl.float32)
         best_key = tl.zeros((), tl.int32)
         total = tl.zeros((BLOCK_DIM,), tl.float32)
-        if MODE == 4:  # top-k: every key in one block (BLOCK_KEYS >= num_keys)
+        if MODE >= 4:  # top-k, sparsemax, 1.5-entmax: every key in one block (BLOCK_KEYS >= num_keys)
             keys = tl.arange(0, BLOCK_KEYS)
             visible, scores = _visible_scores(keys, num_keys, batch, padding_ptr, padding_batch_stride, k_base,
                                               k_key_stride, dims, in_dim, query, HAS_PADDING)
             scores = tl.where(visible, scores, float("-inf"))
-            counts = tl.full((BLOCK_KEYS,), 1.0, tl.float32)
-            if HAS_COUNTS:
-                counts = tl.load(counts_ptr + batch * counts_batch_stride + keys, mask=visible, other=0.0)
-            # the k-th largest over the multiset: each round takes the largest key left, which fills its count
-            remaining = scores
-            kth = tl.full((), float("-inf"), tl.float32)
-            filled = tl.zeros((), tl.float32)
-            for _ in range(0, attended):
-                largest = tl.max(remaining, axis=0)
-                taken = keys == tl.argmax(remaining, axis=0, tie_break_left=True)
-                kth = tl.where(filled < attended, largest, kth)
-                filled += tl.sum(tl.where(taken, counts, 0.0), axis=0)
-                remaining = tl.where(taken, float("-inf"), remaining)
-            kept = visible & (scores >= kth)
-            top = tl.max(scores, axis=0)
-            top = tl.where(top > float("-inf"), top, 0.0)  # no visible key: no weight, and no NaN
-            weights = tl.where(kept, tl.exp(scores - top), 0.0) * counts
-            norm = tl.sum(weights, axis=0)
+            if MODE == 4:
+                weights = _topk_weights(scores, visible, keys, counts_ptr, batch, counts_batch_stride, attended,
+                                        HAS_COUNTS, BLOCK_KEYS)
+            else:
+                weights = _entmax_weights(scores, visible, MODE == 6, NEWTON_STEPS)
             value_rows = tl.load(v_base + keys[:, None] * v_key_stride + dims[None, :],
                                  mask=visible[:, None] & in_dim[None, :], other=0.0)
             total = tl.sum(weights[:, None] * value_rows.to(tl.float32), axis=0)
-            total = tl.where(norm > 0, total / tl.where(norm > 0, norm, 1.0), 0.0)
         else:
             for start in range(0, num_keys, BLOCK_KEYS):
                 keys = start + tl.arange(0, BLOCK_KEYS)
@@ -162,7 +214,8 @@ def decoding_step(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Te
             0 if counts is None or counts.size(0) == 1 else counts.stride(0),
             out.stride(0), out.stride(1),
             MODE=MODES.index(mode), HAS_PADDING=padding is not None, HAS_COUNTS=counts is not None,
-            BLOCK_KEYS=triton.next_power_of_2(max(num_keys, 16)) if mode == "topk" else 64,
+            NEWTON_STEPS=NEWTON_STEPS,
+            BLOCK_KEYS=triton.next_power_of_2(max(num_keys, 16)) if mode in ONE_BLOCK_MODES else 64,
             BLOCK_DIM=triton.next_power_of_2(head_dim),
         )
     return out

@@ -27,8 +27,9 @@ def fused(monkeypatch):
     monkeypatch.setattr(device, "INTERPRETED_ON_CPU", True)
 
 
-def test_hard_retrieval_top_k_and_every_rela_variant_declare_the_kernel():
-    assert {"hard", "topk", "rela_g", "rela_i", "relu", "rela_g_gelu", "rela_g_leaky_relu"} <= set(WITH_KERNEL)
+def test_hard_retrieval_top_k_sparsemax_entmax15_and_every_rela_variant_declare_the_kernel():
+    assert {"hard", "topk", "rela_g", "rela_i", "relu", "rela_g_gelu", "rela_g_leaky_relu", "sparsemax",
+            "entmax15"} <= set(WITH_KERNEL)
 
 
 def _reference(name, q, k, v, padding, counts, scaling, attended=DEFAULT_K):
@@ -61,6 +62,33 @@ def test_the_kernel_equals_the_registered_function(name, keys, head_dim, fused):
         assert (got - expected).abs().max() <= 1e-5 * max(1.0, expected.abs().max()), (pad is None, cnt is None)
     assert torch.equal(kernel.decoding_step(q, k, v, padding, None, scaling, DEFAULT_K, kernel_mode(name))[2],
                        torch.zeros(heads, 1, head_dim, device=DEVICE))
+
+
+def _rows_of_scores():
+    """Score rows where a threshold is hard to find: ramps (the support shrinks a key at a time), near-equal
+    peaks, one dominant key, scales from 0.01 to 100, up to 4,096 keys."""
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.linspace(0, 1, 50), torch.linspace(0, 3, 50), torch.tensor([1.0, 1.0 - 1e-6, 0.3, -2.0]),
+            torch.tensor([5.0, 0.0, 0.0]), torch.full((7,), 0.25), torch.randn(4096, generator=generator) * 3]
+    for scale in (0.01, 1.0, 100.0):
+        rows.append(torch.randn(300, generator=generator) * scale)
+    return rows
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_the_threshold_of_sparsemax_and_entmax_equals_the_packages(name, fused):
+    """Scores set directly (the query is the first unit vector, the keys' first coordinate the scores): the
+    output the package's sort gives, to float rounding."""
+    for scores in _rows_of_scores():
+        keys = scores.numel()
+        q = torch.zeros(1, 1, 1, 16, device=DEVICE)
+        q[..., 0] = 1.0
+        k = torch.randn(1, 1, keys, 16, device=DEVICE)
+        k[..., 0] = scores.to(DEVICE)
+        v = torch.randn(1, 1, keys, 16, device=DEVICE)
+        expected = _reference(name, q, k, v, None, None, 1.0)
+        got = kernel.decoding_step(q, k, v, None, None, 1.0, DEFAULT_K, kernel_mode(name))
+        assert (got - expected).abs().max() <= 1e-5 * max(1.0, expected.abs().max()), (keys, scores[:3])
 
 
 def kernel_mode(name):
@@ -122,7 +150,7 @@ def _decode(module, steps, memory=None, memory_padding=None):
 
 
 @pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
-@pytest.mark.parametrize("name", ["hard", "topk", "rela_g", "rela_g_gelu"])
+@pytest.mark.parametrize("name", ["hard", "topk", "rela_g", "rela_g_gelu", "sparsemax", "entmax15"])
 def test_the_module_decodes_with_the_kernel_as_with_the_reference(name, cross, fused):
     torch.manual_seed(5)
     embed, heads = 64, 4
@@ -194,8 +222,10 @@ for arch in (80, 90):
                 signature = {name: f"*{dtype}" for name in pointers}
                 signature.update({"padding_ptr": "*i1", "counts_ptr": "*fp32", "scaling": "fp32"})
                 signature.update({name: "i32" for name in integers})
-                signature.update({name: "constexpr" for name in ("MODE", "HAS_PADDING", "HAS_COUNTS", "BLOCK_KEYS", "BLOCK_DIM")})
-                constexprs = {"MODE": mode, "HAS_PADDING": padded, "HAS_COUNTS": counted, "BLOCK_KEYS": 64, "BLOCK_DIM": 64}
+                signature.update({name: "constexpr" for name in ("MODE", "HAS_PADDING", "HAS_COUNTS", "NEWTON_STEPS",
+                                                                 "BLOCK_KEYS", "BLOCK_DIM")})
+                constexprs = {"MODE": mode, "HAS_PADDING": padded, "HAS_COUNTS": counted, "NEWTON_STEPS": 24,
+                              "BLOCK_KEYS": 64, "BLOCK_DIM": 64}
                 compiled = triton.compile(ASTSource(fn=_decoding_step, signature=signature, constexprs=constexprs),
                                           target=GPUTarget("cuda", arch, 32))
                 assert compiled.asm["ptx"], (arch, dtype, mode)

@@ -42,6 +42,10 @@ SPEED_RUN_OPTIONS = ["--device", "cuda", "--arch", "transformer_sparse", "--beam
 # the two the issue's document-length targets name (and BigBird's random keys, for equality) in the speed profile.
 FLEX_FUNCTIONS = [name for name in attention_names() if get_attention(name).flex_mask is not None]
 SPEED_FLEX_RUN_FUNCTIONS = ["window", "block"]
+# The speed profile's equality check: the functions with a decoding-step kernel, and softmax, L0Drop (its
+# compressed memory of counted keys) and stock fairseq beside them.
+SPEED_EQUALITY_FUNCTIONS = [name for name in attention_names() if get_attention(name).decoding_kernel is not None] + [
+    "softmax", "l0drop", "fairseq"]
 SPEED_FLEX_EQUALITY_FUNCTIONS = ["window", "block", "bigbird"]
 PROFILES = ("full", "speed")
 VALID_PAIRS = 40  # sentence pairs of the synthetic validation set
@@ -120,10 +124,13 @@ def train_steps(data: Path, updates: int, timeout: float) -> List[Step]:
 def benchmark_steps(report_dir: Path, timeout: float, run_timeout: float, dtype: str = "bf16",
                     profile: str = "full", csv_name: str = "speed.csv") -> List[Step]:
     """The benchmarks of fairseq_sparse.bench on the GPU, in ``dtype``; run.py's CSV goes beside the report.
-    The ``speed`` profile keeps the users' regime's measurements only (memory and run, fewer lengths)."""
+    The ``speed`` profile keeps the users' regime's measurements only (memory and run, fewer lengths), after
+    checking the rows whose path on a GPU differs from the CPU's (the decoding-step kernels, FlexAttention)."""
     python = sys.executable
+    equality_rows = [] if profile != "speed" else ["--functions", *SPEED_EQUALITY_FUNCTIONS]
     steps = [Step("equality", "equality", "CPU vs CUDA logits of the same weights, per function:",
-                  command=[python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda"], timeout=timeout),
+                  command=[python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda", *equality_rows],
+                  timeout=timeout),
              Step("operations", "operations", "Hard Retrieval Table 2, per-operation times:",
                   command=[python, "-m", "fairseq_sparse.bench.operations", "--device", "cuda"], timeout=timeout)]
     lengths, run_options = MEMORY_LENGTHS, RUN_OPTIONS

@@ -86,10 +86,16 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
         setting = dict(settings[entry["setting"]])
         if "train" not in setting:
             raise ConfigError(f"papers/{spec['paper']}.yaml: setting {entry['setting']} has no 'train'")
-        prep = info["prep"][profile]
+        prep = [info["prep"][profile]] if isinstance(info["prep"][profile], str) else list(info["prep"][profile])
+        groups = entry.get("length_groups")
+        if groups is not None:  # the test set cut by source length (ReLA Figure 2): splits test_len{g}of{N}
+            if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+                raise ConfigError(f"{path}: dataset {ds_id}: length_groups must be a positive integer, got {groups!r}")
+            prep.append(f"fairseq_sparse.data.length_groups --out {{out}} --pair {info['src']}-{info['tgt']} "
+                        f"--groups {groups}")
         datasets[ds_id] = Dataset(
             id=ds_id, label=info["label"], src=info["src"], tgt=info["tgt"],
-            prep=[prep] if isinstance(prep, str) else list(prep),
+            prep=prep,
             post_process=info.get("post_process", "subword_nmt") if profile == "paper" else "subword_nmt",
             documents=bool(info.get("documents", False)),
             detok=info.get("detok", "moses") if profile == "paper" else "moses",

@@ -1,0 +1,124 @@
+"""Cut a prepared split into groups of equal size by source length, binarised beside it (ReLA, Figure 2).
+
+ReLA's Figure 2 divides newstest2014 "into 10 disjoint groups uniformly according to source length" and
+times decoding per group. Here the sentences of ``OUT/SPLIT.{src,tgt}`` (the text fairseq-preprocess
+binarised: Moses-tokenised, BPE) are ordered by their number of source tokens (ties in file order) and cut
+into ``--groups`` runs whose sizes differ by at most one; group g of N becomes the binarised split
+``SPLIT_len{g}ofN`` of ``OUT/bin``, with the dataset's own dictionaries, so that
+``fairseq-generate OUT/bin --gen-subset test_len3of10`` decodes the third-shortest tenth. The source
+lengths of each group are written to ``OUT/bin/SPLIT_lengths_ofN.tsv`` (group, sentences, shortest,
+longest, mean).
+
+    python -m fairseq_sparse.data.length_groups --out data/wmt14.en-de --pair en-de --groups 10
+
+Each group's files are written under a temporary name and renamed when complete, so a run cut short
+leaves no partial split; a second run rewrites the groups.
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from fairseq_sparse.data.binarise import _run_preprocess, find_tool
+from fairseq_sparse.data.errors import PrepError
+from fairseq_sparse.data.text import read_lines, write_lines
+from fairseq_sparse.files import describe_os_error, write_atomically
+
+
+def group_by_length(lengths: Sequence[int], groups: int) -> List[List[int]]:
+    """Sentence indices ordered by length (ties in file order), cut into ``groups`` runs of sizes differing by
+    at most one (the first ``len % groups`` runs one longer)."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    size, extra = divmod(len(order), groups)
+    cut, start = [], 0
+    for g in range(groups):
+        end = start + size + (1 if g < extra else 0)
+        cut.append(order[start:end])
+        start = end
+    return cut
+
+
+def split_name(split: str, group: int, groups: int) -> str:
+    """The binarised split of group ``group`` (1-based) of ``groups``."""
+    return f"{split}_len{group}of{groups}"
+
+
+def write_groups(out: Path, src: str, tgt: str, groups: int, split: str = "test") -> List[str]:
+    """Write and binarise the length groups of ``out/split.{src,tgt}`` into ``out/bin``; returns the split names."""
+    bin_dir = out / "bin"
+    texts = {lang: out / f"{split}.{lang}" for lang in (src, tgt)}
+    dictionaries = {lang: bin_dir / f"dict.{lang}.txt" for lang in (src, tgt)}
+    for path in (*texts.values(), *dictionaries.values()):
+        if not path.is_file():
+            raise PrepError(f"{path}: no such file (prepare and binarise the dataset first)")
+    sources, targets = list(read_lines(texts[src])), list(read_lines(texts[tgt]))
+    if len(sources) != len(targets):
+        raise PrepError(f"{texts[src]} has {len(sources)} lines but {texts[tgt]} has {len(targets)}")
+    if len(sources) < groups:
+        raise PrepError(f"{texts[src]}: {len(sources)} sentences cannot make {groups} groups")
+    lengths = [len(line.split()) for line in sources]
+    cut = group_by_length(lengths, groups)
+    names = [split_name(split, g + 1, groups) for g in range(groups)]
+    with tempfile.TemporaryDirectory(dir=out, prefix=".length_groups.") as tmp:
+        work = Path(tmp)
+        prefixes = []
+        for name, indices in zip(names, cut):
+            write_lines(work / f"{name}.{src}", (sources[i] for i in indices))
+            write_lines(work / f"{name}.{tgt}", (targets[i] for i in indices))
+            prefixes.append(str(work / name))
+        dest = work / "bin"
+        _run_preprocess([find_tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
+                         "--srcdict", str(dictionaries[src]), "--tgtdict", str(dictionaries[tgt]),
+                         "--testpref", ",".join(prefixes), "--destdir", str(dest), "--workers", "1"])
+        for k, name in enumerate(names):
+            produced = "test" if k == 0 else f"test{k}"  # fairseq-preprocess numbers its extra test prefixes
+            for lang in (src, tgt):
+                for suffix in ("bin", "idx"):
+                    made = dest / f"{produced}.{src}-{tgt}.{lang}.{suffix}"
+                    final = bin_dir / f"{name}.{src}-{tgt}.{lang}.{suffix}"
+                    staged = final.with_name(final.name + ".tmp")
+                    shutil.copyfile(made, staged)
+                    os.replace(staged, final)
+    rows = ["group\tsentences\tshortest\tlongest\tmean"]
+    for name, indices in zip(names, cut):
+        group_lengths = [lengths[i] for i in indices]
+        rows.append(f"{name}\t{len(indices)}\t{min(group_lengths)}\t{max(group_lengths)}\t"
+                    f"{sum(group_lengths) / len(group_lengths):.1f}")
+    write_atomically(bin_dir / f"{split}_lengths_of{groups}.tsv", "\n".join(rows) + "\n")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fairseq_sparse.data.length_groups",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="the prepared dataset (its SPLIT.{src,tgt} and bin/)")
+    parser.add_argument("--pair", required=True, help="source-target, e.g. en-de")
+    parser.add_argument("--groups", type=int, default=10, help="number of groups (default: %(default)s)")
+    parser.add_argument("--split", default="test", help="the split to cut (default: %(default)s)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.pair.count("-") != 1 or args.groups < 1:
+        parser.error("--pair must be SRC-TGT and --groups positive")
+    src, tgt = args.pair.split("-")
+    try:
+        names = write_groups(Path(args.out), src, tgt, args.groups, args.split)
+    except PrepError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"error: {describe_os_error(error)}", file=sys.stderr)
+        return 1
+    print(f"{len(names)} length groups of {args.split} binarised into {Path(args.out) / 'bin'}: {', '.join(names)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

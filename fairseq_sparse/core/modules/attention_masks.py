@@ -9,7 +9,7 @@ decoding step asks the device nothing about a mask it has seen."""
 
 import copy
 import weakref
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -18,12 +18,16 @@ from ..attention import AttentionContext
 
 
 # answers about masks: (question, id of the mask's storage owner, view geometry, version) -> answer
-_ANSWERS: Dict[Tuple, Tuple["weakref.ref[Tensor]", bool]] = {}
+_ANSWERS: Dict[Tuple, Tuple["weakref.ref[Tensor]", Any]] = {}
 _MAX_ANSWERS = 256  # masks that change in place every call would otherwise add an entry each time
 
 
-def remembered(question: str, mask: Tensor, answer: Callable[[Tensor], bool]) -> bool:
-    """``answer(mask)``, computed once per mask tensor and kept while that tensor lives.
+Answer = TypeVar("Answer")
+
+
+def remembered(question: str, mask: Tensor, answer: Callable[[Tensor], Answer]) -> Answer:
+    """``answer(mask)``, computed once per mask tensor and kept while that tensor lives (a yes or no, or
+    what is built from the mask: the FlexAttention block mask every layer of a step shares).
 
     The key is the tensor that owns the mask's memory (a view's ``_base``), the view's offset,
     shape and strides, and the version counter that every in-place change bumps: a view cut

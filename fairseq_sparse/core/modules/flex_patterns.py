@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..errors import UsageError
 from ..attention import AttentionContext, PatternGeometry
-from .attention_masks import is_future_mask
+from .attention_masks import is_future_mask, remembered
 from .attention_settings import AttentionSettings
 
 try:
@@ -66,10 +66,23 @@ def flex_pattern_attention(attention: AttentionSettings, q: Tensor, k: Tensor, v
     if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise UsageError("--attn-impl flex trains on CUDA only: FlexAttention has no backward pass on the CPU "
                          "(use --attn-impl auto there)")
-    geometry = PatternGeometry(ctx.query_positions[:, 0], ctx.key_positions[:, 0], key_padding_mask,
-                               causal=attn_mask is not None, batch=q.size(0))
-    mask_mod = attention.spec.flex_mask(geometry, ctx)
-    block_mask = block_mask_of(mask_mod, geometry.batch_size, q.size(2), k.size(2), q.device)
+    causal = attn_mask is not None
+
+    def build(_mask: Optional[Tensor] = None) -> "BlockMask":
+        geometry = PatternGeometry(ctx.query_positions[:, 0], ctx.key_positions[:, 0], key_padding_mask,
+                                   causal=causal, batch=q.size(0))
+        mask_mod = attention.spec.flex_mask(geometry, ctx)
+        return block_mask_of(mask_mod, geometry.batch_size, q.size(2), k.size(2), q.device)
+
+    # Every layer of a step hands the same padding (or future) mask tensor, so one block mask serves them all:
+    # built by the first layer, remembered while that tensor lives.
+    anchor = key_padding_mask if key_padding_mask is not None else attn_mask
+    if anchor is None:
+        block_mask = build()
+    else:
+        question = (f"flex block mask: {attention.spec.name}, k {ctx.k}, seed {ctx.seed}, causal {causal}, "
+                    f"self {ctx.self_attention}, {tuple(q.shape[:3])} x {k.size(2)} keys on {q.device}")
+        block_mask = remembered(question, anchor, build)
     return _flex(q.device)(q, k, v, block_mask=block_mask, scale=attention.scaling)
 
 

@@ -165,8 +165,12 @@ def test_calls_flex_does_not_express_take_autos_path(why, flex_calls):
 
 
 @pytest.mark.parametrize("name", ["window", "bigbird"])
-def test_a_model_with_flex_scores_its_batch_as_the_reference_model(name, flex_calls):
-    """Encoder and decoder self-attention of a whole model (left-padded sources, right-padded targets)."""
+def test_a_model_with_flex_scores_its_batch_as_the_reference_model(name, flex_calls, monkeypatch):
+    """Encoder and decoder self-attention of a whole model (left-padded sources, right-padded targets), one block
+    mask built for the encoder's layers and one for the decoder's."""
+    builds = []
+    original = flex_patterns.block_mask_of
+    monkeypatch.setattr(flex_patterns, "block_mask_of", lambda *args: builds.append(1) or original(*args))
     batch = random_batch([7, 4, 9], [5, 8, 3])
     flex = build_model(encoder_attn_fn=name, decoder_attn_fn=name, attn_k=4, attn_impl="flex").eval()
     reference = build_model(encoder_attn_fn=name, decoder_attn_fn=name, attn_k=4, attn_impl="reference").eval()
@@ -174,6 +178,7 @@ def test_a_model_with_flex_scores_its_batch_as_the_reference_model(name, flex_ca
     with torch.no_grad():
         got, expected = flex(**batch)[0], reference(**batch)[0]
     assert len(flex_calls) == 4  # two encoder layers, two decoder layers
+    assert len(builds) == 2
     assert (got - expected).abs().max() <= 1e-4
 
 
@@ -188,5 +193,7 @@ def test_building_the_block_mask_never_synchronises_the_host(name, monkeypatch):
         _, call = sublayer_inputs(sublayer, 300)
         with torch.no_grad():
             flex(**call, need_weights=False)  # the first call asks once whether the mask is fairseq's future mask
-            counter = count(lambda: flex(**call, need_weights=False))
-        assert counter.synchronisations == [], sublayer
+            # a new padding tensor: its block mask is built again, not found among those of earlier calls
+            counter = count(lambda: flex(**{**call, "key_padding_mask": call["key_padding_mask"].clone()},
+                                         need_weights=False))
+        assert counter.synchronisations == [] and counter.operations > 50, sublayer

@@ -69,7 +69,9 @@ def flex_pattern_attention(attention: AttentionSettings, q: Tensor, k: Tensor, v
     causal = attn_mask is not None
 
     def build(_mask: Optional[Tensor] = None) -> "BlockMask":
-        geometry = PatternGeometry(ctx.query_positions[:, 0], ctx.key_positions[:, 0], key_padding_mask,
+        # a copy of the padding: a block mask remembered per padding tensor must not keep that tensor alive
+        padding = None if key_padding_mask is None else key_padding_mask.clone()
+        geometry = PatternGeometry(ctx.query_positions[:, 0], ctx.key_positions[:, 0], padding,
                                    causal=causal, batch=q.size(0))
         mask_mod = attention.spec.flex_mask(geometry, ctx)
         return block_mask_of(mask_mod, geometry.batch_size, q.size(2), k.size(2), q.device)

@@ -197,3 +197,21 @@ def test_building_the_block_mask_never_synchronises_the_host(name, monkeypatch):
             counter = count(lambda: flex(**{**call, "key_padding_mask": call["key_padding_mask"].clone()},
                                          need_weights=False))
         assert counter.synchronisations == [] and counter.operations > 50, sublayer
+
+
+def test_a_remembered_block_mask_goes_with_its_padding_mask():
+    """The block mask is kept while the padding tensor lives, and does not keep it alive."""
+    import gc
+    import weakref
+    from fairseq_sparse.core.modules import attention_masks
+    flex, _ = flex_and_reference("window", 3, self_attention=True)
+    _, call = sublayer_inputs("encoder", 9)
+    padding = call.pop("key_padding_mask").clone()
+    before = len(attention_masks._ANSWERS)
+    with torch.no_grad():
+        flex(**call, key_padding_mask=padding, need_weights=False)
+    assert len(attention_masks._ANSWERS) == before + 1
+    alive = weakref.ref(padding)
+    del padding
+    gc.collect()
+    assert alive() is None and len(attention_masks._ANSWERS) == before

@@ -20,6 +20,8 @@ PROFILES = ("paper", "smoke")
 METRICS = ("sacrebleu", "tokenized", "d_bleu")
 # measures under their former names: "sparsity" was both of these; configurations written before still load
 RENAMED_MEASURES = {"sparsity": "pruned", "attn_sparsity": "zero_weights"}
+# measures that score translations with the column's metric
+BLEU_MEASURES = ("bleu", "bleu_delta")
 
 
 def table_names(configs: Path = CONFIGS) -> List[str]:
@@ -129,6 +131,9 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
             raise ConfigError(f"{where}: unknown metric {c.metric!r}; known: {', '.join(METRICS)}")
         if c.metric == "d_bleu" and not datasets[c.dataset].documents:
             raise ConfigError(f"{where}: d_bleu needs a document-level dataset, {c.dataset} is not one")
+        if c.measure in BLEU_MEASURES and datasets[c.dataset].documents and c.metric != "d_bleu":
+            # its references are whole documents and its hypotheses blocks: no sentence-level score exists
+            raise ConfigError(f"{where}: {c.dataset} is document-level: {c.measure} needs metric: d_bleu, got {c.metric}")
         if not isinstance(c.rounds, int) or isinstance(c.rounds, bool) or c.rounds < 1:
             raise ConfigError(f"{where}: rounds must be a whole number of at least 1, got {c.rounds!r}")
         if c.first_seeds is not None and (not isinstance(c.first_seeds, int) or isinstance(c.first_seeds, bool)

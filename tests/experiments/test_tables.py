@@ -66,6 +66,8 @@ rows: [{id: a, label: A}, {id: b, label: B, reuse: a}]
     (("{id: a, label: A}", "{id: a, label: A, paper: {rouge: 1}}"), "paper numbers for unknown column(s) ['rouge']"),
     (("measure: bleu}", "measure: decode_speedup}"), "needs 'baseline:' naming a row"),
     (("measure: bleu}", "measure: bleu, metric: d_bleu}"), "d_bleu needs a document-level dataset"),
+    (("iwslt14_de_en", "ted17_doc_en_de"), "ted17_doc_en_de is document-level: bleu needs metric: d_bleu, got sacrebleu"),
+    (("setting: base}", "setting: base, length_groups: 0}"), "length_groups must be a positive integer, got 0"),
     (("measure: bleu}", "measure: decode_speedup, baseline: a, rounds: 0}"), "rounds must be a whole number of at least 1, got 0"),
     (("measure: bleu}", "measure: bleu, first_seeds: 0}"), "first_seeds must be a whole number of at least 1, got 0"),
     (("columns: [{id: bleu, label: BLEU", "columns: [{id: null, label: BLEU"), "column None: id must be a non-empty string"),

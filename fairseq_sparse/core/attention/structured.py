@@ -173,9 +173,9 @@ def _on_lattice(offset: Tensor, dilation: int = DILATION) -> Tensor:
 def window_start(query_pos: Tensor, last: Tensor, lowest: Union[int, Tensor], width: int) -> Tensor:
     """First position of the ``width`` nearest positions to each query among lowest..last, in neighbour order.
 
-    query_pos, last (and lowest, when a tensor): (B, T) long. Centred on the query with one more before than after when width is
-    even (ceil((width - 1) / 2) before), shifted inwards at either end; every position of lowest..last
-    when there are fewer.
+    query_pos, last (and lowest, when a tensor): (B, T) long. Centred on the query with one more before
+    than after when width is even (ceil((width - 1) / 2) before), shifted inwards at either end; every
+    position of lowest..last when there are fewer.
     """
     before = width // 2  # ceil((width - 1) / 2)
     highest_start = (last - width + 1).clamp(min=lowest)
@@ -232,11 +232,14 @@ def pattern_flex_mask(geometry: PatternGeometry, num_global: int, num_window: in
 
     def mask_mod(b, h, q_idx, kv_idx):
         chosen = chosen_before_random(b, q_idx, kv_idx)
-        if picks is not None:
-            pos = key_pos[b, kv_idx]
-            for slot in range(num_random):  # unrolled: a mask_mod compiles to elementwise code
-                chosen = chosen | (geometry.visible(b, q_idx, kv_idx) & (pos == picks[b, q_idx, slot]))
-        return chosen
+        if picks is None:
+            return chosen
+        pos = key_pos[b, kv_idx]
+        picked = pos == picks[b, q_idx, 0]
+        for slot in range(1, num_random):  # unrolled: a mask_mod compiles to elementwise code
+            picked = picked | (pos == picks[b, q_idx, slot])
+        # a right-padding key repeats the last real position: only a visible key is the pick
+        return chosen | (geometry.visible(b, q_idx, kv_idx) & picked)
 
     return mask_mod
 

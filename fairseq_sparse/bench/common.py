@@ -20,7 +20,7 @@ from fairseq.data.data_utils import collate_tokens
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_sparse.core.attention import SUBLAYERS, get_attention
+from fairseq_sparse.core.attention import ATTN_IMPLS, SUBLAYERS, get_attention
 from fairseq_sparse.core.models.options import SparseModelOptions
 from fairseq_sparse.core.modules.l0drop import GAMMA, ZETA
 
@@ -76,6 +76,11 @@ def add_dtype_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES),
                         help="precision of every row's model and inputs (default: bf16 on CUDA, as users train there; "
                              "fp32 on the CPU)")
+
+
+def add_attn_impl_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--attn-impl", choices=ATTN_IMPLS, default=ATTN_IMPLS[0],
+                        help="how the plugin's rows compute attention (the model option --attn-impl; default: %(default)s)")
 
 
 def resolve_dtype(args: argparse.Namespace) -> torch.dtype:

@@ -41,8 +41,8 @@ from fairseq.modules import MultiheadAttention
 from torch.profiler import ProfilerActivity, profile
 
 import fairseq_sparse  # noqa: F401  (registers the functions)
-from fairseq_sparse.core.attention import ATTN_IMPLS, DEFAULT_K, attention_names, get_attention
-from fairseq_sparse.bench.common import DTYPES, FAIRSEQ, add_dtype_option, resolve_dtype
+from fairseq_sparse.core.attention import DEFAULT_K, attention_names, get_attention
+from fairseq_sparse.bench.common import DTYPES, FAIRSEQ, add_attn_impl_option, add_dtype_option, resolve_dtype
 from fairseq_sparse.core.modules.gathered_attention import GATHER_CHUNK_ELEMENTS
 from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 
@@ -154,8 +154,7 @@ def main(argv: List[str] = None) -> Dict[int, Dict[str, Dict[str, float]]]:
                         help="attention dropout of every row, active in the passes (default: %(default)s)")
     parser.add_argument("--causal", action="store_true", help="decoder self-attention: mask future keys")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--attn-impl", choices=ATTN_IMPLS, default=ATTN_IMPLS[0],
-                        help="how the plugin's rows compute attention (the model option --attn-impl; default: %(default)s)")
+    add_attn_impl_option(parser)
     add_dtype_option(parser)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")

@@ -58,9 +58,9 @@ import torch
 from fairseq.data import Dictionary
 
 import fairseq_sparse  # noqa: F401
-from fairseq_sparse.core.attention import ATTN_IMPLS, DEFAULT_K, attention_names
-from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, stock_architectures, add_dtype_option, compare_models,
-                                         load_binarised_pairs, make_batch, random_sentences, resolve_dtype,
+from fairseq_sparse.core.attention import DEFAULT_K, attention_names
+from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, stock_architectures, add_attn_impl_option, add_dtype_option,
+                                         compare_models, load_binarised_pairs, make_batch, random_sentences, resolve_dtype,
                                          synthetic_dictionary)
 from fairseq_sparse.bench.long_lengths import long_job
 from fairseq_sparse.bench.run_jobs import JOBS, REFERENCES, Batch, build_models, measure, throughput, timed_jobs
@@ -93,8 +93,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=DEFAULT_K, help="k for functions that take it")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     add_dtype_option(parser)
-    parser.add_argument("--attn-impl", choices=ATTN_IMPLS, default=ATTN_IMPLS[0],
-                        help="how the plugin's rows compute attention (the model option --attn-impl; default: %(default)s)")
+    add_attn_impl_option(parser)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--gather-chunk-elements", type=int, metavar="N",
                         help="the gathered path's chunk budget on --device, in float32 entries (top-k and the "

@@ -15,7 +15,7 @@ Conventions
   (null attention) gives no link.
 """
 
-from typing import Iterable, List, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Sequence, Set, Tuple
 
 import torch
 from torch import Tensor
@@ -104,3 +104,16 @@ def aer(counts: Sequence[float]) -> float:
     """AER = 1 - (|A & S| + |A & P|) / (|A| + |S|) from (summed) ``aer_counts``."""
     a_s, a_p, a, s = counts
     return 1.0 - (a_s + a_p) / (a + s) if a + s else 0.0
+
+
+def aer_by_layer(rows: List[Dict], mode: str) -> List[list]:
+    """Per layer (1-based), from the rows of ``alignment_error`` (mode, layer, head or "layer", aer): its
+    best head, that head's AER and the AER of the layer's mean attention. Their means over layers are
+    ReLA's AoH and AoL (Table 5)."""
+    table = []
+    for layer in sorted({r["layer"] for r in rows if r["mode"] == mode}):
+        heads = [r for r in rows if r["mode"] == mode and r["layer"] == layer and r["head"] != "layer"]
+        best = min(heads, key=lambda r: r["aer"])
+        layer_row = next(r for r in rows if r["mode"] == mode and r["layer"] == layer and r["head"] == "layer")
+        table.append([layer + 1, best["head"], best["aer"], layer_row["aer"]])
+    return table

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from . import SUBLAYERS, report
+from .alignment import aer_by_layer
 from .alignment_error import AlignmentErrors
 from .heatmap import Heatmap
 from .pruning import LOW, PruningStats
@@ -75,17 +76,6 @@ def write_diversity(rows: List[dict], args: argparse.Namespace) -> List[dict]:
     return rows
 
 
-def aer_table(rows: List[dict], mode: str) -> List[list]:
-    """Per layer: its best head, that head's AER and the AER of the layer's mean attention."""
-    table = []
-    for layer in sorted({r["layer"] for r in rows if r["mode"] == mode}):
-        heads = [r for r in rows if r["mode"] == mode and r["layer"] == layer and r["head"] != "layer"]
-        best = min(heads, key=lambda r: r["aer"])
-        layer_row = next(r for r in rows if r["mode"] == mode and r["layer"] == layer and r["head"] == "layer")
-        table.append([layer + 1, best["head"], best["aer"], layer_row["aer"]])
-    return table
-
-
 def write_aer(errors: AlignmentErrors, args: argparse.Namespace) -> List[dict]:
     """Per mode the layers' best head and layer AER, with AoH and AoL (their means over layers)."""
     out = Path(args.out)
@@ -96,7 +86,7 @@ def write_aer(errors: AlignmentErrors, args: argparse.Namespace) -> List[dict]:
             "Normal: alpha; shifted: alpha[1:]. Best head: lowest AER in the layer; layer: heads' attention averaged.\n"]
     curves = {}
     for mode in MODES:
-        table = aer_table(errors.rows, mode)
+        table = aer_by_layer(errors.rows, mode)
         if table:
             aoh, aol = _mean([r[2] for r in table]), _mean([r[3] for r in table])
             curves[f"{mode} attention"] = {"best head": [r[2] for r in table], "layer": [r[3] for r in table]}

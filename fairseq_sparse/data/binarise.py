@@ -5,11 +5,13 @@ instead (importing fairseq once rather than once per dataset).
 """
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_sparse.data.errors import PrepError
 from fairseq_sparse.data.text import read_lines, write_lines
@@ -57,6 +59,39 @@ def binarize(out: Path, src: str, tgt: str, joined_dictionary: bool = True, work
     logger.info("binarising: %s", " ".join(cmd))
     _run_preprocess(cmd)
     return dest
+
+
+def binarise_extra_splits(out: Path, src: str, tgt: str, splits: Dict[str, Tuple[Sequence[str], Sequence[str]]]) -> None:
+    """Binarise more evaluation splits into a prepared dataset's ``out/bin`` with its own dictionaries:
+    ``splits`` maps each new split's name to its (source, target) lines. Each file is written under a
+    temporary name and renamed when complete, so a run cut short leaves no partial split."""
+    bin_dir = out / "bin"
+    dictionaries = {lang: bin_dir / f"dict.{lang}.txt" for lang in (src, tgt)}
+    for path in dictionaries.values():
+        if not path.is_file():
+            raise PrepError(f"{path}: no such file (prepare and binarise the dataset first)")
+    names = list(splits)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".extra_splits.") as tmp:
+        work = Path(tmp)
+        prefixes = []
+        for name in names:
+            sources, targets = splits[name]
+            write_lines(work / f"{name}.{src}", sources)
+            write_lines(work / f"{name}.{tgt}", targets)
+            prefixes.append(str(work / name))
+        dest = work / "bin"
+        _run_preprocess([find_tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
+                         "--srcdict", str(dictionaries[src]), "--tgtdict", str(dictionaries[tgt]),
+                         "--testpref", ",".join(prefixes), "--destdir", str(dest), "--workers", "1"])
+        for k, name in enumerate(names):
+            produced = "test" if k == 0 else f"test{k}"  # fairseq-preprocess numbers its extra test prefixes
+            for lang in (src, tgt):
+                for suffix in ("bin", "idx"):
+                    made = dest / f"{produced}.{src}-{tgt}.{lang}.{suffix}"
+                    final = bin_dir / f"{name}.{src}-{tgt}.{lang}.{suffix}"
+                    staged = final.with_name(final.name + ".tmp")
+                    shutil.copyfile(made, staged)
+                    os.replace(staged, final)
 
 
 def joined_dictionary(trainpref: Path, src: str, tgt: str, dest: Path) -> Path:

@@ -16,16 +16,13 @@ leaves no partial split; a second run rewrites the groups.
 """
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from fairseq_sparse.data.binarise import _run_preprocess, find_tool
+from fairseq_sparse.data.binarise import binarise_extra_splits
 from fairseq_sparse.data.errors import PrepError
-from fairseq_sparse.data.text import read_lines, write_lines
+from fairseq_sparse.data.text import read_lines
 from fairseq_sparse.files import describe_os_error, write_atomically
 
 
@@ -51,8 +48,7 @@ def write_groups(out: Path, src: str, tgt: str, groups: int, split: str = "test"
     """Write and binarise the length groups of ``out/split.{src,tgt}`` into ``out/bin``; returns the split names."""
     bin_dir = out / "bin"
     texts = {lang: out / f"{split}.{lang}" for lang in (src, tgt)}
-    dictionaries = {lang: bin_dir / f"dict.{lang}.txt" for lang in (src, tgt)}
-    for path in (*texts.values(), *dictionaries.values()):
+    for path in texts.values():
         if not path.is_file():
             raise PrepError(f"{path}: no such file (prepare and binarise the dataset first)")
     sources, targets = list(read_lines(texts[src])), list(read_lines(texts[tgt]))
@@ -63,26 +59,8 @@ def write_groups(out: Path, src: str, tgt: str, groups: int, split: str = "test"
     lengths = [len(line.split()) for line in sources]
     cut = group_by_length(lengths, groups)
     names = [split_name(split, g + 1, groups) for g in range(groups)]
-    with tempfile.TemporaryDirectory(dir=out, prefix=".length_groups.") as tmp:
-        work = Path(tmp)
-        prefixes = []
-        for name, indices in zip(names, cut):
-            write_lines(work / f"{name}.{src}", (sources[i] for i in indices))
-            write_lines(work / f"{name}.{tgt}", (targets[i] for i in indices))
-            prefixes.append(str(work / name))
-        dest = work / "bin"
-        _run_preprocess([find_tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
-                         "--srcdict", str(dictionaries[src]), "--tgtdict", str(dictionaries[tgt]),
-                         "--testpref", ",".join(prefixes), "--destdir", str(dest), "--workers", "1"])
-        for k, name in enumerate(names):
-            produced = "test" if k == 0 else f"test{k}"  # fairseq-preprocess numbers its extra test prefixes
-            for lang in (src, tgt):
-                for suffix in ("bin", "idx"):
-                    made = dest / f"{produced}.{src}-{tgt}.{lang}.{suffix}"
-                    final = bin_dir / f"{name}.{src}-{tgt}.{lang}.{suffix}"
-                    staged = final.with_name(final.name + ".tmp")
-                    shutil.copyfile(made, staged)
-                    os.replace(staged, final)
+    binarise_extra_splits(out, src, tgt, {name: ([sources[i] for i in indices], [targets[i] for i in indices])
+                                          for name, indices in zip(names, cut)})
     rows = ["group\tsentences\tshortest\tlongest\tmean"]
     for name, indices in zip(names, cut):
         group_lengths = [lengths[i] for i in indices]

@@ -19,12 +19,12 @@ import operator
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
-from fairseq_sparse.experiments.outputs import (zero_weights, best_valid_loss, bleu, decode_seconds, decode_speeds,
+from fairseq_sparse.experiments.outputs import (alignment_error_rate, zero_weights, best_valid_loss, bleu, decode_seconds, decode_speeds,
                                                 encoder_outputs_pruned, null_rate, trained_epochs, trained_params,
                                                 train_words_per_second, training_seconds, valid_loss_per_epoch)
 
 from fairseq_sparse.experiments.plan_view import PlanView
-from fairseq_sparse.experiments.sources import ATTENTION, GENERATE, PRUNED, SPEED, SOURCES, TRAIN_LOG, Source
+from fairseq_sparse.experiments.sources import ALIGNMENT, ATTENTION, GENERATE, PRUNED, SPEED, SOURCES, TRAIN_LOG, Source
 from fairseq_sparse.experiments.table import Column, Dataset, Row
 
 EPOCH_MEASURES = ("valid_loss_at", "valid_gap_at")  # their columns name an epoch (``epoch:``)
@@ -169,3 +169,10 @@ def zero_weights_percent(plan, ds, row, col, seed, signatures):
 @register("null_rate", ATTENTION)
 def null_queries(plan, ds, row, col, seed, signatures):
     return null_rate(ATTENTION.output(plan, ds, row, col, seed))
+
+
+@register("aer", ALIGNMENT, digits=2)
+def alignment_error(plan, ds, row, col, seed, signatures):
+    """AER (%) of the row's cross-attention, averaged over decoder layers: of each layer's mean attention
+    (AoL) or of its best head (AoH), normal or shifted attention (ReLA, Table 5)."""
+    return alignment_error_rate(ALIGNMENT.output(plan, ds, row, col, seed), col.aer_attention, col.aer_over)

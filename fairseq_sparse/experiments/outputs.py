@@ -154,6 +154,21 @@ def best_valid_loss(log: Path) -> float:
     return min(logged_values(log, VALID_LOSS, "no validation line (training ran with --disable-validation?)"))
 
 
+def alignment_error_rate(csv_path: Path, mode: str, over: str) -> float:
+    """AER (%) from the aer analysis' CSV, averaged over layers: of each layer's mean attention (``over``
+    "layer": ReLA's AoL) or of its best head ("best_head": AoH), for ``mode`` normal or shifted attention."""
+    from fairseq_sparse.analysis.alignment import aer_by_layer
+
+    with open(csv_path, encoding="utf-8") as f:
+        rows = [{"mode": r["mode"], "layer": int(r["layer"]), "head": r["head"], "aer": float(r["aer"])}
+                for r in csv.DictReader(f)]
+    table = aer_by_layer(rows, mode)
+    if not table:
+        raise StepError(f"{csv_path}: no {mode} attention rows")
+    column = 3 if over == "layer" else 2
+    return 100.0 * statistics.mean(layer[column] for layer in table)
+
+
 def encoder_outputs_pruned(output: Path) -> float:
     """% of source encodings pruned, from ``python -m fairseq_sparse.l0drop_pruned``'s output."""
     match = re.search(r"(\d+) of (\d+) source encodings pruned", output.read_text(encoding="utf-8"))

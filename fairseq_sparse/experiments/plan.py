@@ -62,9 +62,12 @@ class Plan:
         steps = []
         for i, template in enumerate(ds.prep):
             words = shlex.split(template.replace("{source}", source).replace("{out}", str(out)))
+            # tables add different steps after a dataset's own (length groups, gold alignments) in one
+            # folder: those are named by their command, so one table's step never passes for another's
+            name = f"prep{i}" if i == 0 else f"prep{i}.{hashlib.sha1(template.encode()).hexdigest()[:8]}"
             # a marker written after the command succeeded (fairseq-preprocess writes its dictionary first)
-            steps.append(Step("prep", tool(words[0]) + words[1:], out / f".prep{i}.done",
-                              out / f"prep{i}.log", f"prepare {ds.id} ({i + 1}/{len(ds.prep)})"))
+            steps.append(Step("prep", tool(words[0]) + words[1:], out / f".{name}.done",
+                              out / f"{name}.log", f"prepare {ds.id} ({i + 1}/{len(ds.prep)})"))
         return steps
 
     def seeds(self, ds: Dataset) -> List[int]:

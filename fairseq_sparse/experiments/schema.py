@@ -95,6 +95,12 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
                 raise ConfigError(f"{path}: dataset {ds_id}: length_groups must be a positive integer, got {groups!r}")
             prep.append(f"fairseq_sparse.data.length_groups --out {{out}} --pair {info['src']}-{info['tgt']} "
                         f"--groups {groups}")
+        gold = entry.get("gold_alignments")
+        if gold is not None:  # RWTH's German-English gold alignments as split "align" (ReLA Table 5)
+            if gold != "rwth":
+                raise ConfigError(f"{path}: dataset {ds_id}: gold_alignments must be rwth, got {gold!r}")
+            where = "{source}" if profile == "paper" else "--stand-in diagonal"
+            prep.append(f"fairseq_sparse.data.gold_alignments --out {{out}} --pair {info['src']}-{info['tgt']} {where}")
         datasets[ds_id] = Dataset(
             id=ds_id, label=info["label"], src=info["src"], tgt=info["tgt"],
             prep=prep,
@@ -103,7 +109,7 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
             detok=info.get("detok", "moses") if profile == "paper" else "moses",
             note=info.get("smoke_note", "") if profile == "smoke" else "",
             setting=setting, train_args=entry.get("train_args", "") or "",
-            generate_args=entry.get("generate_args", "") or "")
+            generate_args=entry.get("generate_args", "") or "", gold_alignments=gold is not None)
 
     columns = [Column(**_fields(Column, c, f"{path}: column {c.get('id')}")) for c in spec["columns"]]
     rows = [Row(**_fields(Row, r, f"{path}: row {r.get('id')}")) for r in spec["rows"]]
@@ -143,6 +149,13 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
                 c.epoch is not None and (not isinstance(c.epoch, int) or isinstance(c.epoch, bool) or c.epoch < 1)):
             raise ConfigError(f"{where}: measures {' and '.join(EPOCH_MEASURES)} need epoch (a whole number of at least 1), "
                               f"and only they take one; got measure {c.measure!r}, epoch {c.epoch!r}")
+        if c.measure == "aer" and not (datasets[c.dataset].gold_alignments and c.split == "align"):
+            raise ConfigError(f"{where}: aer reads split align of a dataset with gold_alignments: rwth "
+                              f"(got split {c.split!r} of {c.dataset})")
+        if (c.aer_attention, c.aer_over) != ("normal", "layer") and c.measure != "aer" or (
+                c.aer_attention not in ("normal", "shifted") or c.aer_over not in ("layer", "best_head")):
+            raise ConfigError(f"{where}: aer_attention (normal or shifted) and aer_over (layer or best_head) are "
+                              f"for measure aer; got {c.aer_attention!r} and {c.aer_over!r} with {c.measure!r}")
         if MEASURES[c.measure].relative and c.baseline not in row_ids:
             raise ConfigError(f"{where}: {c.measure} needs 'baseline:' naming a row, got {c.baseline!r}")
     seen: List[str] = []

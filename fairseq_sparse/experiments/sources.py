@@ -4,7 +4,8 @@ commands a cell needs. A measure names its source object; the plan asks the meas
 cell's commands, with no dispatch on names. Reading an output is ``outputs.py``.
 
 Each source is named by the kind of step it makes (``Step.kind``): ``generate`` (fairseq-generate),
-``speed`` (two decodes timed in turn), ``attention`` (the attention analysis), ``pruned`` (the share
+``speed`` (two decodes timed in turn), ``attention`` (the attention analysis), ``alignment`` (alignment
+error rates against gold alignments), ``pruned`` (the share
 of encoder outputs L0Drop prunes) and ``train`` (the training log, which the training step writes).
 """
 
@@ -104,6 +105,25 @@ class Attention(Source):
                     f"zero attention weights of {row.id} on {ds.id} (seed {seed})", needs=(plan.model_key(ds, row, seed),))
 
 
+class Alignment(Source):
+    """Alignment error rates of the row's cross-attention against the dataset's gold alignments (split
+    ``align``, ``fairseq_sparse.data.gold_alignments``), per layer and head, normal and shifted."""
+
+    kind = "alignment"
+
+    def step(self, plan, ds, row, col, seed):
+        base = plan.out / "analysis" / ds.id / row.id / f"seed{seed}"
+        overrides = plan.model_overrides(ds, row)
+        tag = "" if overrides == "{}" else "." + hashlib.sha1(overrides.encode()).hexdigest()[:8]
+        out = base / f"aer-{col.split}{tag}"
+        data = plan.data_dir(ds)
+        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "aer", str(data / "bin"),
+                "--path", str(plan.checkpoint(ds, row, seed)), "--split", col.split, "--gold", str(data / f"{col.split}.gold"),
+                "--out", str(out), "--model-overrides", overrides, *(["--cpu"] if plan.smoke else [])]
+        return Step(self.kind, argv, out / "aer.csv", base / f"aer-{col.split}{tag}.log",
+                    f"alignment error rates of {row.id} on {ds.id} (seed {seed})", needs=(plan.model_key(ds, row, seed),))
+
+
 class Pruned(Source):
     """The share of encoder outputs the row's gates or pattern prune on the column's split."""
 
@@ -133,5 +153,5 @@ class TrainLog(Source):
         return []
 
 
-GENERATE, SPEED, ATTENTION, PRUNED, TRAIN_LOG = Generate(), Speed(), Attention(), Pruned(), TrainLog()
-SOURCES = (GENERATE, SPEED, ATTENTION, PRUNED, TRAIN_LOG)
+GENERATE, SPEED, ATTENTION, ALIGNMENT, PRUNED, TRAIN_LOG = Generate(), Speed(), Attention(), Alignment(), Pruned(), TrainLog()
+SOURCES = (GENERATE, SPEED, ATTENTION, ALIGNMENT, PRUNED, TRAIN_LOG)

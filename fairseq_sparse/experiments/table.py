@@ -25,6 +25,7 @@ class Dataset:
     setting: dict
     train_args: str = ""
     generate_args: str = ""
+    gold_alignments: bool = False  # its split ``align`` and ``align.gold`` (fairseq_sparse.data.gold_alignments)
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Column:
     rounds: int = 3  # speed measures: rounds of decoding the row and its baseline in turn (smoke: 1)
     first_seeds: Optional[int] = None  # measured on the dataset's first N seeds only (None: every seed)
     epoch: Optional[int] = None  # valid_loss_at, valid_gap_at: the epoch whose validation loss the column shows
+    aer_attention: str = "normal"  # aer: "normal" (alpha) or "shifted" (alpha[1:]) cross-attention
+    aer_over: str = "layer"  # aer, averaged over layers: "layer" (heads averaged: AoL) or "best_head" (AoH)
 
 
 @dataclass

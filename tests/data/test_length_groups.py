@@ -42,7 +42,7 @@ def test_every_group_is_a_binarised_split_of_the_dataset(prepared):
     assert max(lengths_seen[0]) <= min(lengths_seen[1]) and max(lengths_seen[1]) <= min(lengths_seen[2])
     table = (prepared / "bin" / "test_lengths_of3.tsv").read_text(encoding="utf-8").splitlines()
     assert table[0].split("\t") == ["group", "sentences", "shortest", "longest", "mean"] and len(table) == 4
-    assert not list(prepared.glob(".length_groups.*")) and not list((prepared / "bin").glob("*.tmp"))
+    assert not list(prepared.glob(".extra_splits.*")) and not list((prepared / "bin").glob("*.tmp"))
 
 
 def test_a_second_run_rewrites_the_same_groups(prepared):

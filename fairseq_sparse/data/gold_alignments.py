@@ -33,7 +33,6 @@ Every file is written under a temporary name and renamed when complete; a second
 """
 
 import argparse
-import hashlib
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -41,9 +40,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from fairseq_sparse.data.binarise import binarise_extra_splits
+from fairseq_sparse.data.cli import report_errors
+from fairseq_sparse.data.download import digest_of
 from fairseq_sparse.data.errors import PrepError
 from fairseq_sparse.data.text import read_lines
-from fairseq_sparse.files import describe_os_error, write_atomically
+from fairseq_sparse.files import write_atomically
 
 RWTH_PAGE = "https://www-i6.informatik.rwth-aachen.de/goldAlignment/"
 RWTH_ARCHIVE = "DeEnGoldAlignment.tar.gz"
@@ -75,21 +76,13 @@ def _decode(data: bytes) -> str:
         return data.decode("latin-1")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_rwth_files(raw: Path) -> Tuple[Dict[str, List[str]], str]:
     """The three files of RWTH's corpus under ``raw`` (the archive, checked against its hash, or its
     extracted ``DeEn/`` folder), as lines; and where they were read."""
     archives = sorted(raw.rglob(RWTH_ARCHIVE)) if raw.is_dir() else []
     if archives:
         archive = archives[0]
-        seen = _sha256(archive)
+        seen = digest_of(archive)
         if seen != RWTH_SHA256:
             raise PrepError(f"{archive}: SHA-256 {seen} is not the archive's {RWTH_SHA256} "
                             f"(a cut or different download: fetch it again from {RWTH_PAGE})")
@@ -228,27 +221,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--pair must be SRC-TGT")
     src, tgt = args.pair.split("-")
     out = Path(args.out)
-    try:
+
+    def work() -> None:
         if args.download and not any((out / "raw").rglob(RWTH_ARCHIVE)):
             raise PrepError(f"{RWTH_ARCHIVE} cannot be downloaded by a script: register at {RWTH_PAGE}, download "
                             f"it in a browser and put it into {out / 'raw'} (or pass its directory with --raw)")
-        if args.download:
-            sentences, where = rwth_sentences(out / "raw", src, tgt)
-        elif args.stand_in:
+        if args.stand_in:
             sentences, where = diagonal_stand_in(out, src, tgt)
         else:
-            sentences, where = rwth_sentences(Path(args.raw), src, tgt)
+            sentences, where = rwth_sentences(out / "raw" if args.download else Path(args.raw), src, tgt)
         write_gold_split(out, src, tgt, sentences)
-    except PrepError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:
-        print(f"error: {describe_os_error(error)}", file=sys.stderr)
-        return 1
-    links = sum(len(s.sure) + len(s.possible) for s in sentences)
-    print(f"{len(sentences)} gold-aligned sentences ({links} links) from {where}: {out / (SPLIT + '.gold')}, "
-          f"binarised as split {SPLIT} in {out / 'bin'}")
-    return 0
+        links = sum(len(s.sure) + len(s.possible) for s in sentences)
+        print(f"{len(sentences)} gold-aligned sentences ({links} links) from {where}: {out / (SPLIT + '.gold')}, "
+              f"binarised as split {SPLIT} in {out / 'bin'}")
+
+    return report_errors(work)
 
 
 if __name__ == "__main__":

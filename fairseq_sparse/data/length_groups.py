@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from fairseq_sparse.data.binarise import binarise_extra_splits
+from fairseq_sparse.data.cli import report_errors
 from fairseq_sparse.data.errors import PrepError
 from fairseq_sparse.data.text import read_lines
-from fairseq_sparse.files import describe_os_error, write_atomically
+from fairseq_sparse.files import write_atomically
 
 
 def group_by_length(lengths: Sequence[int], groups: int) -> List[List[int]]:
@@ -86,16 +87,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.pair.count("-") != 1 or args.groups < 1:
         parser.error("--pair must be SRC-TGT and --groups positive")
     src, tgt = args.pair.split("-")
-    try:
+
+    def work() -> None:
         names = write_groups(Path(args.out), src, tgt, args.groups, args.split)
-    except PrepError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:
-        print(f"error: {describe_os_error(error)}", file=sys.stderr)
-        return 1
-    print(f"{len(names)} length groups of {args.split} binarised into {Path(args.out) / 'bin'}: {', '.join(names)}")
-    return 0
+        print(f"{len(names)} length groups of {args.split} binarised into {Path(args.out) / 'bin'}: {', '.join(names)}")
+
+    return report_errors(work)
 
 
 if __name__ == "__main__":

@@ -88,40 +88,41 @@ class Speed(Source):
         return [] if row.id == col.baseline else [self.step(plan, ds, row, col, seed)]  # 1 by definition
 
 
-class Attention(Source):
-    """Attention statistics (zero weights, null queries) of the row's model, decoded as the row decodes."""
+class AnalysisOfModel(Source):
+    """A sub-command of ``python -m fairseq_sparse.analysis`` on the row's model, decoded as the row decodes
+    (its ``--model-overrides``), into a folder per split and overrides."""
 
-    kind = "attention"
+    subcommand = folder = produced = what = ""
+
+    def extra_args(self, plan: PlanView, ds: Dataset, col: Column) -> List[str]:
+        return []
 
     def step(self, plan, ds, row, col, seed):
         base = plan.out / "analysis" / ds.id / row.id / f"seed{seed}"
         overrides = plan.model_overrides(ds, row)
         tag = "" if overrides == "{}" else "." + hashlib.sha1(overrides.encode()).hexdigest()[:8]
-        out = base / f"attention-{col.split}{tag}"
-        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "zero-weights", str(plan.data_dir(ds) / "bin"),
-                "--path", str(plan.checkpoint(ds, row, seed)), "--split", col.split, "--out", str(out),
-                "--model-overrides", overrides, *(["--cpu"] if plan.smoke else [])]
-        return Step(self.kind, argv, out / "zero_weights.csv", base / f"attention-{col.split}{tag}.log",
-                    f"zero attention weights of {row.id} on {ds.id} (seed {seed})", needs=(plan.model_key(ds, row, seed),))
+        out = base / f"{self.folder}-{col.split}{tag}"
+        argv = [sys.executable, "-m", "fairseq_sparse.analysis", self.subcommand, str(plan.data_dir(ds) / "bin"),
+                "--path", str(plan.checkpoint(ds, row, seed)), "--split", col.split, *self.extra_args(plan, ds, col),
+                "--out", str(out), "--model-overrides", overrides, *(["--cpu"] if plan.smoke else [])]
+        return Step(self.kind, argv, out / self.produced, base / f"{self.folder}-{col.split}{tag}.log",
+                    f"{self.what} of {row.id} on {ds.id} (seed {seed})", needs=(plan.model_key(ds, row, seed),))
 
 
-class Alignment(Source):
+class Attention(AnalysisOfModel):
+    """Attention statistics (zero weights, null queries) of the row's model."""
+
+    kind, subcommand, folder, produced, what = "attention", "zero-weights", "attention", "zero_weights.csv", "zero attention weights"
+
+
+class Alignment(AnalysisOfModel):
     """Alignment error rates of the row's cross-attention against the dataset's gold alignments (split
     ``align``, ``fairseq_sparse.data.gold_alignments``), per layer and head, normal and shifted."""
 
-    kind = "alignment"
+    kind, subcommand, folder, produced, what = "alignment", "aer", "aer", "aer.csv", "alignment error rates"
 
-    def step(self, plan, ds, row, col, seed):
-        base = plan.out / "analysis" / ds.id / row.id / f"seed{seed}"
-        overrides = plan.model_overrides(ds, row)
-        tag = "" if overrides == "{}" else "." + hashlib.sha1(overrides.encode()).hexdigest()[:8]
-        out = base / f"aer-{col.split}{tag}"
-        data = plan.data_dir(ds)
-        argv = [sys.executable, "-m", "fairseq_sparse.analysis", "aer", str(data / "bin"),
-                "--path", str(plan.checkpoint(ds, row, seed)), "--split", col.split, "--gold", str(data / f"{col.split}.gold"),
-                "--out", str(out), "--model-overrides", overrides, *(["--cpu"] if plan.smoke else [])]
-        return Step(self.kind, argv, out / "aer.csv", base / f"aer-{col.split}{tag}.log",
-                    f"alignment error rates of {row.id} on {ds.id} (seed {seed})", needs=(plan.model_key(ds, row, seed),))
+    def extra_args(self, plan, ds, col):
+        return ["--gold", str(plan.data_dir(ds) / f"{col.split}.gold")]
 
 
 class Pruned(Source):

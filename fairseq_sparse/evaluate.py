@@ -52,6 +52,22 @@ def read_hypotheses(generate_output: str, lang: str, detok: str = "moses") -> Li
     return [chosen[i] for i in range(len(chosen))]
 
 
+def decode_seconds(generated: Path) -> float:
+    """The seconds fairseq-generate's summary line reports for a decode (model loading excluded)."""
+    match = re.search(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in ([\d.]+)s", generated.read_text(encoding="utf-8"))
+    if not match:
+        raise ValueError(f"{generated}: no 'Translated ... in Ns' line; was decoding cut short?")
+    return float(match.group(1))
+
+
+def decode_tokens_per_second(generated: Path) -> float:
+    """The generated tokens per second fairseq-generate's summary line reports."""
+    match = re.search(r"Translated [\d,]+ sentences .*?, ([\d.]+) tokens/s\)", generated.read_text(encoding="utf-8"))
+    if not match:
+        raise ValueError(f"{generated}: no 'Translated ... tokens/s' line; was decoding cut short?")
+    return float(match.group(1))
+
+
 def detokenizer(lang: str, detok: str = "moses") -> Callable[[str], str]:
     """A function detokenising one line: Moses (sacremoses) or the identity (``none``)."""
     if detok == "none":

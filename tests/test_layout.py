@@ -126,3 +126,22 @@ def test_test_folders_mirror_the_package():
     # pytest's default import mode puts each test folder on sys.path: test file names must differ
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert len(names) == len(set(names))
+
+
+def test_data_and_bench_reach_nothing_of_the_table_runner():
+    """The table runner builds on data preparation and the benchmarks, never the other way round: no import
+    path, direct or through other modules, leads from data/ or bench/ to experiments/."""
+    graph = import_graph()
+    below = [name for name in graph if name.startswith(("fairseq_sparse.data", "fairseq_sparse.bench"))]
+    assert below
+    reached = {}
+    for start in below:
+        seen, todo = set(), [start]
+        while todo:
+            for target in graph[todo.pop()] - seen:
+                seen.add(target)
+                todo.append(target)
+        runner = sorted(name for name in seen if name.startswith("fairseq_sparse.experiments"))
+        if runner:
+            reached[start] = runner
+    assert reached == {}

@@ -21,13 +21,14 @@ Timings are not tests: this script asserts nothing.
 import argparse
 import csv
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
-from fairseq_sparse.experiments.outputs import decode_seconds, decode_speeds, decode_tokens_per_second
+from fairseq_sparse.evaluate import decode_seconds, decode_tokens_per_second
 
 FIELDS = ["label", "round", "order", "seconds", "tokens_per_second"]
 
@@ -48,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
 def rotation(labels: List[str], rounds: int) -> List[List[str]]:
     """The order of each round: shifted by one every round, so no command always runs first."""
     return [labels[r % len(labels):] + labels[:r % len(labels)] for r in range(rounds)]
+
+
+def decode_speeds(csv_path: Path, field: str) -> Dict[str, float]:
+    """{label: median ``field`` (seconds, tokens_per_second) over the rounds} of this command's CSV."""
+    with open(csv_path, encoding="utf-8") as f:
+        lines = list(csv.DictReader(f))
+    labels = dict.fromkeys(line["label"] for line in lines)
+    return {label: statistics.median(float(x[field]) for x in lines if x["label"] == label) for label in labels}
 
 
 def decode_once(generate: str, args: str, log: Path) -> Tuple[float, float]:

@@ -1,5 +1,5 @@
 """Running the GPU report's steps: the two done in-process (the environment, the synthetic data) and
-every command, through the runner the table runner uses too (``experiments.command``). A step never
+every command, through the runner the table runner uses too (``processes.command``). A step never
 raises: how it went is recorded on it, and the report goes on."""
 
 import os
@@ -14,7 +14,7 @@ import torch
 import fairseq_sparse
 from fairseq_sparse.bench.gpu_checks import last_error
 from fairseq_sparse.bench.gpu_plan import PACKAGE_PARENT, VALID_PAIRS, Step
-from fairseq_sparse.experiments.command import run_command
+from fairseq_sparse.processes.command import run_command
 
 WORDS = 40  # word types of the synthetic copy task
 

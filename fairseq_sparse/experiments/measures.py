@@ -19,10 +19,12 @@ import operator
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
-from fairseq_sparse.experiments.outputs import (alignment_error_rate, zero_weights, best_valid_loss, bleu, decode_seconds, decode_speeds,
+from fairseq_sparse.experiments.outputs import (alignment_error_rate, zero_weights, best_valid_loss, bleu,
                                                 encoder_outputs_pruned, null_rate, trained_epochs, trained_params,
                                                 train_words_per_second, training_seconds, valid_loss_per_epoch)
 
+from fairseq_sparse.bench.decode_speed import decode_speeds
+from fairseq_sparse.evaluate import decode_seconds
 from fairseq_sparse.experiments.plan_view import PlanView
 from fairseq_sparse.experiments.sources import ALIGNMENT, ATTENTION, GENERATE, PRUNED, SPEED, SOURCES, TRAIN_LOG, Source
 from fairseq_sparse.experiments.table import Column, Dataset, Row

@@ -55,28 +55,6 @@ def bleu(plan: PlanView, ds: Dataset, col: Column, generated: Path) -> Tuple[flo
     return score.score, str(signature)
 
 
-def decode_seconds(generated: Path) -> float:
-    match = re.search(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in ([\d.]+)s", generated.read_text(encoding="utf-8"))
-    if not match:
-        raise StepError(f"{generated}: no 'Translated ... in Ns' line; was decoding cut short?")
-    return float(match.group(1))
-
-
-def decode_tokens_per_second(generated: Path) -> float:
-    match = re.search(r"Translated [\d,]+ sentences .*?, ([\d.]+) tokens/s\)", generated.read_text(encoding="utf-8"))
-    if not match:
-        raise StepError(f"{generated}: no 'Translated ... tokens/s' line; was decoding cut short?")
-    return float(match.group(1))
-
-
-def decode_speeds(csv_path: Path, field: str) -> Dict[str, float]:
-    """{label: median ``field`` (seconds, tokens_per_second) over the rounds} of a ``bench.decode_speed`` CSV."""
-    with open(csv_path, encoding="utf-8") as f:
-        lines = list(csv.DictReader(f))
-    labels = dict.fromkeys(line["label"] for line in lines)
-    return {label: statistics.median(float(x[field]) for x in lines if x["label"] == label) for label in labels}
-
-
 def train_words_per_second(log: Path) -> float:
     """Median words/s of the logged training intervals (the first one, warm-up, left out when there are more)."""
     rates = [float(m.group(1)) for line in log.read_text(encoding="utf-8").splitlines()

@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional
 
-from fairseq_sparse.experiments.command import run_command
+from fairseq_sparse.processes.command import run_command
 from fairseq_sparse.experiments.completion import completion_marker, done, step_lock
 from fairseq_sparse.files import write_atomically
 from fairseq_sparse.experiments.errors import StepError
-from fairseq_sparse.experiments.machine import SharedMachine, sigterm_as_exit
+from fairseq_sparse.processes.machine import SharedMachine, sigterm_as_exit
 from fairseq_sparse.experiments.outputs import SIDE_BY_SIDE_MARK
 from fairseq_sparse.experiments.plan import Plan, Step
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_sparse.bench import decode_speed
-from fairseq_sparse.experiments.outputs import decode_speeds
+from fairseq_sparse.bench.decode_speed import decode_speeds
 
 # prints fairseq-generate's summary line: tokens/s given by --speed, and appends its --path to the order file
 FAKE_GENERATE = """#!{python}

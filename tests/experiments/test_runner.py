@@ -234,7 +234,7 @@ def test_killing_the_runner_ends_every_command_it_started(tmp_path, jobs, waits_
 
 
 def test_more_jobs_than_gpus_share_them_and_no_gpu_means_none_set(monkeypatch):
-    from fairseq_sparse.experiments.machine import SharedMachine
+    from fairseq_sparse.processes.machine import SharedMachine
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     assert [env["CUDA_VISIBLE_DEVICES"] for env in SharedMachine(3)._free] == ["4", "4", "5"]

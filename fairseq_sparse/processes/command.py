@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from fairseq_sparse.experiments.machine import SharedMachine
+from fairseq_sparse.processes.machine import SharedMachine
 
 
 @dataclass

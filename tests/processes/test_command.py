@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from fairseq_sparse.experiments.command import run_command
+from fairseq_sparse.processes.command import run_command
 
 PRINTS = "import sys; print('out 1'); print('err 1', file=sys.stderr); print('out 2'); sys.exit({status})"
 

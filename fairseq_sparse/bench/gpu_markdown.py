@@ -66,8 +66,9 @@ def summary(steps: List[Step], started: datetime.datetime, finished: bool) -> Li
     """The report's head: when, which command, the result so far and the environment."""
     failed = [s for s in steps if s.status == "FAILED"]
     done = [s for s in steps if s.status != "not run"]
-    state = ("all {} steps passed".format(len(steps)) if finished and not failed else
-             f"{len(failed)} of {len(steps)} steps FAILED" if finished else
+    skipped = len(steps) - len(done)
+    state = ("all {} steps passed".format(len(steps)) if finished and not failed and not skipped else
+             f"{len(failed)} of {len(steps)} steps FAILED" + (f", {skipped} not run" if skipped else "") if finished else
              f"IN PROGRESS or cut short: {len(done)} of {len(steps)} steps done, {len(failed)} failed")
     lines = [
         "# fairseq-sparse GPU report",

@@ -48,6 +48,7 @@ import sys
 import tarfile
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -109,6 +110,9 @@ def train(steps: List[Step], args: argparse.Namespace, data_ok: bool, done: Prog
         return
 
     def train_one(step: Step) -> None:
+        if step.note:  # not to run: --budget
+            done(step)
+            return
         run_step(step, args.work_dir / "logs")
         check_training(step)
         done(step)
@@ -117,14 +121,35 @@ def train(steps: List[Step], args: argparse.Namespace, data_ok: bool, done: Prog
         list(pool.map(train_one, train_steps))
 
 
+LAST_WORDS_S = 15.0  # of a --budget, kept for packing the logs and writing the report
+SHORTEST_STEP_S = 20.0  # a step with less of the budget left is not started
+
+
+def within_budget(step: Step, args: argparse.Namespace, started: float) -> bool:
+    """Whether ``step`` may start under ``--budget`` (whole seconds of the run); its time limit is cut to what
+    is left, so the report is written before a machine lent for a fixed time is taken back."""
+    if args.budget is None:
+        return True
+    left = args.budget - (time.monotonic() - started) - LAST_WORDS_S
+    if left < SHORTEST_STEP_S:
+        step.status, step.note = "not run", f"the --budget of {args.budget:.0f} s was spent"
+        return False
+    step.timeout = min(step.timeout, left)
+    return True
+
+
 def execute(steps: List[Step], args: argparse.Namespace) -> int:
     """Run every step, the report rewritten after each; 1 if any failed."""
+    started = time.monotonic()
     logs = args.work_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     done = Progress(steps, args)
+    for step in [s for s in steps if s.group == "train"]:
+        within_budget(step, args, started)  # trainings run side by side: each is cut to what is left at the start
     train(steps, args, prepare(steps, args, done), done)
     for step in [s for s in steps if s.group not in ("environment", "data", "train")]:
-        run_step(step, logs)
+        if within_budget(step, args, started):
+            run_step(step, logs)
         done(step)
     done.report(finished=True)
     with tarfile.open(args.out.parent / side_file(args, "logs.tar.gz"), "w:gz") as tar:
@@ -132,7 +157,7 @@ def execute(steps: List[Step], args: argparse.Namespace) -> int:
     if args.temporary_work_dir:
         shutil.rmtree(args.work_dir, ignore_errors=True)
     failed = [s.name for s in steps if s.status != "ok"]
-    print(f"\nreport: {args.out}" + (f"\n{len(failed)} step(s) failed: {', '.join(failed)}" if failed else "\nall steps passed"))
+    print(f"\nreport: {args.out}" + (f"\n{len(failed)} step(s) failed or not run: {', '.join(failed)}" if failed else "\nall steps passed"))
     return 1 if failed else 0
 
 
@@ -169,6 +194,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--train-pairs", type=int, default=400, help="sentence pairs of the synthetic training set")
     parser.add_argument("--step-timeout", type=float, default=600, help="seconds before a step is stopped (default: %(default)s)")
     parser.add_argument("--run-timeout", type=float, default=1800, help="seconds before run.py is stopped (default: %(default)s)")
+    parser.add_argument("--budget", type=float,
+                        help="seconds the whole report may take (a lent machine's time): each step's limit is cut to what is "
+                             "left, a step is not started with less than 20 s left, and the report is written within it")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.train_updates < 2:
         parser.error("--jobs must be positive and --train-updates at least 2")

@@ -37,3 +37,19 @@ def test_a_failed_step_is_recorded_and_the_run_goes_on(tmp_path):
     with tarfile.open(args.out.parent / "logs.tar.gz") as tar:
         names = tar.getnames()
     assert {"logs/equality.log", "logs/equality.stderr.log", "logs/train_softmax_fp16.log"} <= set(names)
+
+
+def test_a_budget_cuts_each_step_to_what_is_left_and_starts_none_past_it(tmp_path):
+    """--budget (a lent machine's time): the report is written inside it, a step's time limit is what is left,
+    and steps that would start with less than the shortest step's time are not run, with the reason."""
+    args = parse_args(["--out", str(tmp_path / "REPORT.md"), "--work-dir", str(tmp_path / "work"), "--budget", "40",
+                       "--only", "equality", "memory", "run"])
+    steps = [Step("equality", "equality", "e", command=[PY, "-c", "print('same')"]),
+             Step("memory", "memory", "m", command=[PY, "-c", "import time; time.sleep(60)"]),
+             Step("run", "run", "r", command=[PY, "-c", "print('never')"])]
+    assert execute(steps, args) == 1
+    assert [s.status for s in steps] == ["ok", "FAILED", "not run"]
+    assert steps[1].note.startswith("timed out after") and steps[1].seconds < 30  # cut from 600 s to what was left
+    assert steps[2].note == "the --budget of 40 s was spent"
+    report = args.out.read_text()
+    assert "* result: 1 of 3 steps FAILED, 1 not run" in report and "the --budget of 40 s was spent" in report

@@ -5,12 +5,12 @@ import math
 import re
 from typing import List
 
-from fairseq_sparse.bench.gpu_plan import Step
+from fairseq_sparse.bench.gpu_plan import ReportStep
 
 MIN_LOSSES = 2  # a falling loss needs a first and a last
 
 
-def last_error(step: Step) -> str:
+def last_error(step: ReportStep) -> str:
     """The last line naming an error (a traceback's last line), else the last line of output."""
     lines = [line.strip() for line in (step.stderr or step.stdout).splitlines() if line.strip()]
     errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line)]
@@ -40,7 +40,7 @@ def training_problem(losses: List[float]) -> str:
     return ""
 
 
-def check_training(step: Step) -> None:
+def check_training(step: ReportStep) -> None:
     """A training step that exited 0 passes only if every logged loss is finite and the last is below the first."""
     output = step.stdout + "\n" + step.stderr
     step.losses = logged_losses(output)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from fairseq_sparse.bench.gpu_plan import PRECISIONS, TINY_MODEL, Step, format_plan, row_placement
+from fairseq_sparse.bench.gpu_plan import PRECISIONS, TINY_MODEL, ReportStep, format_plan, row_placement
 
 # Lines of the scripts' logging (kept in the logs, left out of the report).
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|USDT:|INFO:|WARNING:|Please install tensorboardX)")
@@ -32,14 +32,14 @@ def cell(text: str) -> str:
     return text.replace("|", "/")
 
 
-def training_cells(step: Step) -> str:
+def training_cells(step: ReportStep) -> str:
     """First → last loss and the verdict of one training run."""
     losses = f"{step.losses[0]:.3f} → {step.losses[-1]:.3f}" if len(step.losses) >= 2 else "-"
     verdict = "ok" if step.status == "ok" else f"**{step.status}** {step.note}".strip()
     return f"{losses} | {cell(verdict)}"
 
 
-def training_table(steps: List[Step], updates: int) -> List[str]:
+def training_table(steps: List[ReportStep], updates: int) -> List[str]:
     """One line per row, one pair of columns per precision: the losses and whether the run passed."""
     train = [s for s in steps if s.group == "train"]
     if not train:
@@ -62,7 +62,7 @@ def training_table(steps: List[Step], updates: int) -> List[str]:
     return lines + [""]
 
 
-def summary(steps: List[Step], started: datetime.datetime, finished: bool) -> List[str]:
+def summary(steps: List[ReportStep], started: datetime.datetime, finished: bool) -> List[str]:
     """The report's head: when, which command, the result so far and the environment."""
     failed = [s for s in steps if s.status == "FAILED"]
     done = [s for s in steps if s.status != "not run"]
@@ -84,14 +84,14 @@ def summary(steps: List[Step], started: datetime.datetime, finished: bool) -> Li
     return lines
 
 
-def steps_table(steps: List[Step]) -> List[str]:
+def steps_table(steps: List[ReportStep]) -> List[str]:
     lines = ["", "## Steps", "", "| step | status | seconds | note |", "|---|---|---:|---|"]
     for s in steps:
         lines.append(f"| {s.name} | {s.status if s.status != 'FAILED' else '**FAILED**'} | {s.seconds:.1f} | {cell(s.note)} |")
     return lines + [""]
 
 
-def benchmark_sections(steps: List[Step]) -> List[str]:
+def benchmark_sections(steps: List[ReportStep]) -> List[str]:
     """Each benchmark's command and the tables it printed."""
     lines = []
     for group, title in SECTIONS.items():
@@ -111,7 +111,7 @@ def benchmark_sections(steps: List[Step]) -> List[str]:
     return lines
 
 
-def failures(steps: List[Step]) -> List[str]:
+def failures(steps: List[ReportStep]) -> List[str]:
     failed = [s for s in steps if s.status == "FAILED"]
     if not failed:
         return []
@@ -122,7 +122,7 @@ def failures(steps: List[Step]) -> List[str]:
     return lines
 
 
-def write_report(path: Path, steps: List[Step], started: datetime.datetime, finished: bool, updates: int,
+def write_report(path: Path, steps: List[ReportStep], started: datetime.datetime, finished: bool, updates: int,
                  work: Path) -> None:
     """Write the whole report to ``path`` by rename: a reader (or a run cut short) never sees half of it."""
     lines = (summary(steps, started, finished) + steps_table(steps) + training_table(steps, updates)

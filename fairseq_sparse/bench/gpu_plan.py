@@ -52,7 +52,7 @@ VALID_PAIRS = 40  # sentence pairs of the synthetic validation set
 
 
 @dataclass
-class Step:
+class ReportStep:
     """One step of the report: what it runs, and (filled in as it runs) how it went."""
 
     name: str
@@ -93,9 +93,9 @@ def row_placement(row: str) -> str:
     return "+".join(get_attention(row).sublayers)
 
 
-def data_step(data: Path, train_pairs: int) -> Step:
+def data_step(data: Path, train_pairs: int) -> ReportStep:
     python = sys.executable
-    return Step("data", "data",
+    return ReportStep("data", "data",
                 f"(in-process) write a synthetic copy-task bitext ({train_pairs} train / {VALID_PAIRS} valid pairs, "
                 f"40 word types) to {data}/raw, then:",
                 command=[python, "-m", "fairseq_cli.preprocess", "--source-lang", "src", "--target-lang", "tgt",
@@ -103,7 +103,7 @@ def data_step(data: Path, train_pairs: int) -> Step:
                          "--destdir", str(data / "bin"), "--joined-dictionary", "--workers", "1"])
 
 
-def train_steps(data: Path, updates: int, timeout: float) -> List[Step]:
+def train_steps(data: Path, updates: int, timeout: float) -> List[ReportStep]:
     """A few updates of real fairseq-train per row and precision."""
     steps = []
     for row, options in train_rows().items():
@@ -115,50 +115,50 @@ def train_steps(data: Path, updates: int, timeout: float) -> List[Step]:
                        "--max-update", str(updates), "--no-save", "--disable-validation",
                        "--log-format", "json", "--log-interval", "1", "--seed", "1", "--num-workers", "0",
                        f"--{precision}"]
-            steps.append(Step(f"train {row} {precision}", "train", f"fairseq-train, {row}, --{precision}:",
+            steps.append(ReportStep(f"train {row} {precision}", "train", f"fairseq-train, {row}, --{precision}:",
                               command=command, timeout=timeout, env={"OMP_NUM_THREADS": "1"},
                               row=row, precision=precision))
     return steps
 
 
 def benchmark_steps(report_dir: Path, timeout: float, run_timeout: float, dtype: str = "bf16",
-                    profile: str = "full", csv_name: str = "speed.csv") -> List[Step]:
+                    profile: str = "full", csv_name: str = "speed.csv") -> List[ReportStep]:
     """The benchmarks of fairseq_sparse.bench on the GPU, in ``dtype``; run.py's CSV goes beside the report.
     The ``speed`` profile keeps the users' regime's measurements only (memory and run, fewer lengths), after
     checking the rows whose path on a GPU differs from the CPU's (the decoding-step kernels, FlexAttention)."""
     python = sys.executable
     equality_rows = [] if profile != "speed" else ["--functions", *SPEED_EQUALITY_FUNCTIONS]
-    steps = [Step("equality", "equality", "CPU vs CUDA logits of the same weights, per function:",
+    steps = [ReportStep("equality", "equality", "CPU vs CUDA logits of the same weights, per function:",
                   command=[python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda", *equality_rows],
                   timeout=timeout),
-             Step("operations", "operations", "Hard Retrieval Table 2, per-operation times:",
+             ReportStep("operations", "operations", "Hard Retrieval Table 2, per-operation times:",
                   command=[python, "-m", "fairseq_sparse.bench.operations", "--device", "cuda"], timeout=timeout)]
     lengths, run_options = MEMORY_LENGTHS, RUN_OPTIONS
     flex_equality, flex_run = FLEX_FUNCTIONS, FLEX_FUNCTIONS
     if profile == "speed":
         lengths, run_options = SPEED_MEMORY_LENGTHS, SPEED_RUN_OPTIONS
         flex_equality, flex_run = SPEED_FLEX_EQUALITY_FUNCTIONS, SPEED_FLEX_RUN_FUNCTIONS
-    steps.append(Step("equality flex", "equality",
+    steps.append(ReportStep("equality flex", "equality",
                       "CPU vs CUDA with --attn-impl flex on CUDA (FlexAttention, compiled), logits and gradients:",
                       command=[python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda",
                                "--device-attn-impl", "flex", "--functions", *flex_equality], timeout=timeout))
     for causal in (False, True):
-        steps.append(Step("memory causal" if causal else "memory", "memory",
+        steps.append(ReportStep("memory causal" if causal else "memory", "memory",
                           f"peak memory, {'decoder (causal)' if causal else 'encoder'} self-attention, {dtype}:",
                           command=[python, "-m", "fairseq_sparse.bench.memory", "--device", "cuda", "--dtype", dtype,
                                    "--lengths", *lengths, "--functions", *attention_names()]
                           + (["--causal"] if causal else []),
                           timeout=timeout))
-    steps.append(Step("memory flex", "memory", f"peak memory, encoder self-attention, --attn-impl flex, {dtype}:",
+    steps.append(ReportStep("memory flex", "memory", f"peak memory, encoder self-attention, --attn-impl flex, {dtype}:",
                       command=[python, "-m", "fairseq_sparse.bench.memory", "--device", "cuda", "--dtype", dtype,
                                "--attn-impl", "flex", "--lengths", *lengths, "--functions", *flex_run],
                       timeout=timeout))
-    steps.append(Step("run", "run", f"train / decode throughput vs stock fairseq and softmax, {dtype}:",
+    steps.append(ReportStep("run", "run", f"train / decode throughput vs stock fairseq and softmax, {dtype}:",
                       command=[python, "-m", "fairseq_sparse.bench.run", *run_options, "--dtype", dtype,
                                "--csv", str(report_dir / csv_name)],
                       timeout=run_timeout))
     flex_options = _without_option(run_options, "--functions")
-    steps.append(Step("run flex", "run", f"the same with --attn-impl flex for the patterns (compilation in the warm-up), {dtype}:",
+    steps.append(ReportStep("run flex", "run", f"the same with --attn-impl flex for the patterns (compilation in the warm-up), {dtype}:",
                       command=[python, "-m", "fairseq_sparse.bench.run", *flex_options, "--functions", *flex_run,
                                "--attn-impl", "flex", "--dtype", dtype,
                                "--csv", str(report_dir / csv_name.replace(".csv", ".flex.csv"))],
@@ -183,9 +183,9 @@ def side_file(args: argparse.Namespace, name: str) -> str:
     return name if args.profile == "full" else f"{args.out.stem}.{name}"
 
 
-def build_plan(args: argparse.Namespace, work: Path, report_dir: Path) -> List[Step]:
+def build_plan(args: argparse.Namespace, work: Path, report_dir: Path) -> List[ReportStep]:
     """The steps of the groups ``args.only`` names, in order; the environment always (the report names the device)."""
-    steps = [Step("environment", "environment",
+    steps = [ReportStep("environment", "environment",
                   "(in-process) torch.cuda.get_device_name(0); torch, CUDA, cuDNN, fairseq, fairseq-sparse, numpy and "
                   "Python versions"),
              data_step(work / "data", args.train_pairs),
@@ -195,7 +195,7 @@ def build_plan(args: argparse.Namespace, work: Path, report_dir: Path) -> List[S
     return [s for s in steps if s.group in args.only or s.group == "environment"]
 
 
-def format_plan(steps: Sequence[Step], work: Path, out: Path) -> str:
+def format_plan(steps: Sequence[ReportStep], work: Path, out: Path) -> str:
     """Every step and its command, numbered, as the dry run prints it and the report ends with it."""
     lines = [f"plan: {len(steps)} steps, plugin from {PACKAGE_PARENT}; report {out}; data and logs under {work}"]
     for i, step in enumerate(steps, 1):

@@ -57,7 +57,7 @@ import torch
 from fairseq_sparse.bench.gpu_checks import check_training
 from fairseq_sparse.bench.gpu_markdown import write_report
 from fairseq_sparse.bench.common import DTYPES
-from fairseq_sparse.bench.gpu_plan import GROUPS, PROFILES, Step, build_plan, format_plan, side_file
+from fairseq_sparse.bench.gpu_plan import GROUPS, PROFILES, ReportStep, build_plan, format_plan, side_file
 from fairseq_sparse.bench.gpu_steps import environment, run_step, write_data
 
 
@@ -65,7 +65,7 @@ class Progress:
     """Prints each step as it finishes and rewrites the report: a run cut short still leaves one.
     Training steps finish in several threads at once, hence the lock."""
 
-    def __init__(self, steps: List[Step], args: argparse.Namespace):
+    def __init__(self, steps: List[ReportStep], args: argparse.Namespace):
         self.steps, self.args = steps, args
         self.started = datetime.datetime.now()
         self.count = 0
@@ -74,7 +74,7 @@ class Progress:
     def report(self, finished: bool) -> None:
         write_report(self.args.out, self.steps, self.started, finished, self.args.train_updates, self.args.work_dir)
 
-    def __call__(self, step: Step) -> None:
+    def __call__(self, step: ReportStep) -> None:
         with self.lock:
             self.count += 1
             print(f"[{self.count}/{len(self.steps)}] {step.name}: {step.status} ({step.seconds:.1f} s)"
@@ -82,7 +82,7 @@ class Progress:
             self.report(finished=False)
 
 
-def prepare(steps: List[Step], args: argparse.Namespace, done: Progress) -> bool:
+def prepare(steps: List[ReportStep], args: argparse.Namespace, done: Progress) -> bool:
     """The environment and data steps; whether the data step (if any) passed."""
     data_ok = True
     for step in [s for s in steps if s.group in ("environment", "data")]:
@@ -96,7 +96,7 @@ def prepare(steps: List[Step], args: argparse.Namespace, done: Progress) -> bool
     return data_ok
 
 
-def train(steps: List[Step], args: argparse.Namespace, data_ok: bool, done: Progress) -> None:
+def train(steps: List[ReportStep], args: argparse.Namespace, data_ok: bool, done: Progress) -> None:
     """The training steps, ``--jobs`` at a time; none without the data they train on."""
     train_steps = [s for s in steps if s.group == "train"]
     data = args.work_dir / "data" / "bin"
@@ -109,7 +109,7 @@ def train(steps: List[Step], args: argparse.Namespace, data_ok: bool, done: Prog
             done(step)
         return
 
-    def train_one(step: Step) -> None:
+    def train_one(step: ReportStep) -> None:
         if step.note:  # not to run: --budget
             done(step)
             return
@@ -125,7 +125,7 @@ LAST_WORDS_S = 15.0  # of a --budget, kept for packing the logs and writing the 
 SHORTEST_STEP_S = 20.0  # a step with less of the budget left is not started
 
 
-def within_budget(step: Step, args: argparse.Namespace, started: float) -> bool:
+def within_budget(step: ReportStep, args: argparse.Namespace, started: float) -> bool:
     """Whether ``step`` may start under ``--budget`` (whole seconds of the run); its time limit is cut to what
     is left, so the report is written before a machine lent for a fixed time is taken back."""
     if args.budget is None:
@@ -138,7 +138,7 @@ def within_budget(step: Step, args: argparse.Namespace, started: float) -> bool:
     return True
 
 
-def execute(steps: List[Step], args: argparse.Namespace) -> int:
+def execute(steps: List[ReportStep], args: argparse.Namespace) -> int:
     """Run every step, the report rewritten after each; 1 if any failed."""
     started = time.monotonic()
     logs = args.work_dir / "logs"

@@ -13,13 +13,13 @@ import torch
 
 import fairseq_sparse
 from fairseq_sparse.bench.gpu_checks import last_error
-from fairseq_sparse.bench.gpu_plan import PACKAGE_PARENT, VALID_PAIRS, Step
+from fairseq_sparse.bench.gpu_plan import PACKAGE_PARENT, VALID_PAIRS, ReportStep
 from fairseq_sparse.processes.command import run_command
 
 WORDS = 40  # word types of the synthetic copy task
 
 
-def subprocess_env(step: Step) -> Dict[str, str]:
+def subprocess_env(step: ReportStep) -> Dict[str, str]:
     """This process's environment, the plugin first on PYTHONPATH, output unbuffered, then the step's own."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_PARENT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -28,7 +28,7 @@ def subprocess_env(step: Step) -> Dict[str, str]:
     return env
 
 
-def run_step(step: Step, logs: Path) -> None:
+def run_step(step: ReportStep, logs: Path) -> None:
     """Run the step's command: its output in ``logs``/SLUG.log (error output in SLUG.stderr.log) and on the step."""
     stdout: List[str] = []
     stderr_log = logs / f"{step.slug}.stderr.log"
@@ -62,7 +62,7 @@ def write_data(work: Path, pairs: int) -> None:
             (raw / f"{split}.{lang}").write_text("\n".join(sentences) + "\n")
 
 
-def environment(step: Step) -> None:
+def environment(step: ReportStep) -> None:
     """Record the device and the versions, as a Markdown list in the step's output."""
     import fairseq
     import numpy

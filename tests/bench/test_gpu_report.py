@@ -4,7 +4,7 @@ the training check reads the logged losses, and the report and logs are written.
 import sys
 import tarfile
 
-from fairseq_sparse.bench.gpu_plan import Step
+from fairseq_sparse.bench.gpu_plan import ReportStep
 from fairseq_sparse.bench.gpu_report import execute, parse_args
 
 PY = sys.executable
@@ -19,13 +19,13 @@ def losses(*values):
 def test_a_failed_step_is_recorded_and_the_run_goes_on(tmp_path):
     args = parse_args(["--out", str(tmp_path / "report" / "REPORT.md"), "--work-dir", str(tmp_path / "work"), "--jobs", "2"])
     data = tmp_path / "work" / "data" / "bin"
-    steps = [Step("environment", "environment", "the versions"),
-             Step("data", "data", "data:", command=[PY, "-c", f"import os; os.makedirs({str(data)!r})"]),
-             Step("train softmax fp16", "train", "t", command=losses(5.0, 4.0), row="softmax", precision="fp16"),
-             Step("train softmax bf16", "train", "t", command=losses(3.0, 3.5), row="softmax", precision="bf16"),
-             Step("equality", "equality", "e", command=[PY, "-c", "raise ValueError('different logits')"]),
-             Step("memory", "memory", "m", command=[PY, "-c", "print('# Memory'); print('IN' + 'FO: a logging line')"]),
-             Step("run", "run", "r", command=[PY, "-c", "import time; time.sleep(60)"], timeout=1)]
+    steps = [ReportStep("environment", "environment", "the versions"),
+             ReportStep("data", "data", "data:", command=[PY, "-c", f"import os; os.makedirs({str(data)!r})"]),
+             ReportStep("train softmax fp16", "train", "t", command=losses(5.0, 4.0), row="softmax", precision="fp16"),
+             ReportStep("train softmax bf16", "train", "t", command=losses(3.0, 3.5), row="softmax", precision="bf16"),
+             ReportStep("equality", "equality", "e", command=[PY, "-c", "raise ValueError('different logits')"]),
+             ReportStep("memory", "memory", "m", command=[PY, "-c", "print('# Memory'); print('IN' + 'FO: a logging line')"]),
+             ReportStep("run", "run", "r", command=[PY, "-c", "import time; time.sleep(60)"], timeout=1)]
     assert execute(steps, args) == 1
     assert [s.status for s in steps] == ["ok", "ok", "ok", "FAILED", "FAILED", "ok", "FAILED"]
     assert steps[2].losses == [5.0, 4.0] and steps[3].note == "loss did not fall (3.000 -> 3.500)"
@@ -44,9 +44,9 @@ def test_a_budget_cuts_each_step_to_what_is_left_and_starts_none_past_it(tmp_pat
     and steps that would start with less than the shortest step's time are not run, with the reason."""
     args = parse_args(["--out", str(tmp_path / "REPORT.md"), "--work-dir", str(tmp_path / "work"), "--budget", "40",
                        "--only", "equality", "memory", "run"])
-    steps = [Step("equality", "equality", "e", command=[PY, "-c", "print('same')"]),
-             Step("memory", "memory", "m", command=[PY, "-c", "import time; time.sleep(60)"]),
-             Step("run", "run", "r", command=[PY, "-c", "print('never')"])]
+    steps = [ReportStep("equality", "equality", "e", command=[PY, "-c", "print('same')"]),
+             ReportStep("memory", "memory", "m", command=[PY, "-c", "import time; time.sleep(60)"]),
+             ReportStep("run", "run", "r", command=[PY, "-c", "print('never')"])]
     assert execute(steps, args) == 1
     assert [s.status for s in steps] == ["ok", "FAILED", "not run"]
     assert steps[1].note.startswith("timed out after") and steps[1].seconds < 30  # cut from 600 s to what was left

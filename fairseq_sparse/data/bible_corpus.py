@@ -60,15 +60,15 @@ def parse_pair(pair: str) -> Tuple[str, str]:
     return src, tgt
 
 
-def parse_books(spec: str, what: str) -> List[int]:
+def parse_books(text: str, what: str) -> List[int]:
     """``--valid-books``/``--test-books`` (``41`` or ``41,42``) as sorted book numbers."""
     try:
-        books = sorted({int(b) for b in spec.replace(",", " ").split()})
+        books = sorted({int(b) for b in text.replace(",", " ").split()})
     except ValueError:
-        raise PrepError(f"{what} {spec!r}: expected book numbers such as 41 or 41,42") from None
+        raise PrepError(f"{what} {text!r}: expected book numbers such as 41 or 41,42") from None
     bad = [b for b in books if not 1 <= b <= NUM_BOOKS]
     if not books or bad:
-        raise PrepError(f"{what} {spec!r}: books are numbered 1..{NUM_BOOKS}")
+        raise PrepError(f"{what} {text!r}: books are numbered 1..{NUM_BOOKS}")
     return books
 
 

@@ -66,9 +66,9 @@ def add_filter_args(p: argparse.ArgumentParser, max_len: int, ratio: float) -> N
                         f"{ratio}; 0: no limit)")
 
 
-def comma_separated(spec: str) -> List[str]:
+def comma_separated(text: str) -> List[str]:
     """``a,b,,c`` -> ``[a, b, c]`` (the values of options such as ``--test-sets``)."""
-    return [s for s in spec.split(",") if s]
+    return [s for s in text.split(",") if s]
 
 
 def raw_directory(args: argparse.Namespace) -> Path:

@@ -87,14 +87,14 @@ class RawFile:
     mirrors: Tuple[Mirror, ...]
 
 
-def _mirror(entry_id: str, spec: dict) -> Mirror:
-    parts = tuple(spec["parts"]) if "parts" in spec else (spec["url"],)
-    file = spec.get("file") or parts[0].rstrip("/").split("/")[-1].split("=")[-1]
-    if len(parts) > 1 and "file" not in spec:
+def _mirror(entry_id: str, served: dict) -> Mirror:
+    parts = tuple(served["parts"]) if "parts" in served else (served["url"],)
+    file = served.get("file") or parts[0].rstrip("/").split("/")[-1].split("=")[-1]
+    if len(parts) > 1 and "file" not in served:
         raise ValueError(f"downloads.yaml: {entry_id}: a split archive needs its file name")
-    sha, md5 = spec.get("sha256"), spec.get("md5")
-    return Mirror(parts, file, spec.get("size"), sha.lower() if sha else None, md5.lower() if md5 else None,
-                  spec.get("checksum_from", ""))
+    sha, md5 = served.get("sha256"), served.get("md5")
+    return Mirror(parts, file, served.get("size"), sha.lower() if sha else None, md5.lower() if md5 else None,
+                  served.get("checksum_from", ""))
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,7 +102,7 @@ def catalogue(path: Path = CATALOGUE) -> Dict[str, RawFile]:
     """Every downloadable raw file by id (``configs/downloads.yaml``)."""
     with open(path, encoding="utf-8") as f:
         entries = yaml.safe_load(f)
-    return {key: RawFile(key, tuple(_mirror(key, m) for m in spec["mirrors"])) for key, spec in entries.items()}
+    return {key: RawFile(key, tuple(_mirror(key, m) for m in entry["mirrors"])) for key, entry in entries.items()}
 
 
 def raw_file(key: str) -> RawFile:

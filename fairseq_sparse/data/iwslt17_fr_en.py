@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 def build_job(args: argparse.Namespace) -> Job:
     src, tgt = "fr", "en"
 
-    def ted(spec: str) -> List[Pair]:
-        return iwslt_sets(17, "fr-en", src, tgt, [f"TED.{s}" for s in cli.comma_separated(spec)])
+    def ted(names: str) -> List[Pair]:
+        return iwslt_sets(17, "fr-en", src, tgt, [f"TED.{s}" for s in cli.comma_separated(names)])
 
     return Job(
         name="iwslt17.fr-en", src=src, tgt=tgt,

@@ -140,8 +140,8 @@ def build_job(args: argparse.Namespace) -> Job:
         raise PrepError("--char is only defined for WMT14 en-de / de-en")
     extra = [(Raw(f"{p}.{src}"), Raw(f"{p}.{tgt}")) for p in args.extra_train]
 
-    def evals(spec: str) -> List[Pair]:
-        return [(eval_raw(s, src, src, tgt), eval_raw(s, tgt, src, tgt)) for s in cli.comma_separated(spec)]
+    def evals(names: str) -> List[Pair]:
+        return [(eval_raw(s, src, src, tgt), eval_raw(s, tgt, src, tgt)) for s in cli.comma_separated(names)]
 
     common_kw = dict(merges=args.merges, vocab_size=args.vocab_size,
                      subword="char" if args.char else args.subword)
@@ -161,20 +161,20 @@ def build_job(args: argparse.Namespace) -> Job:
             clean_on="subword", max_len=args.max_len if args.max_len is not None else 256,
             ratio=args.ratio if args.ratio is not None else 0, joined_dictionary=True,
             **common_kw)
-    spec = DATASETS[year, _key(args.pair)]
+    recipe = DATASETS[year, _key(args.pair)]
     char = args.char
     return Job(
         name=f"wmt{year}.{src}-{tgt}" + (".char" if char else ""), src=src, tgt=tgt,
         corpora={"train": [(Raw(f"{p}.{src}" if "|" not in p else "|".join(f"{q}.{src}" for q in p.split("|"))),
                             Raw(f"{p}.{tgt}" if "|" not in p else "|".join(f"{q}.{tgt}" for q in p.split("|"))))
-                           for p in spec["train"]] + extra,
-                 "valid": evals(args.valid_sets or spec["valid"]),
-                 "test": evals(args.test_sets or spec["test"])},
-        aggressive_dash=spec.get("aggressive", False),
+                           for p in recipe["train"]] + extra,
+                 "valid": evals(args.valid_sets or recipe["valid"]),
+                 "test": evals(args.test_sets or recipe["test"])},
+        aggressive_dash=recipe.get("aggressive", False),
         clean_on="subword",
         max_len=args.max_len if args.max_len is not None else (1024 if char else 250),
-        ratio=args.ratio if args.ratio is not None else spec.get("ratio", 1.5),
-        joined_dictionary=spec.get("joined", True) and not args.separate_dictionaries,
+        ratio=args.ratio if args.ratio is not None else recipe.get("ratio", 1.5),
+        joined_dictionary=recipe.get("joined", True) and not args.separate_dictionaries,
         **common_kw)
 
 

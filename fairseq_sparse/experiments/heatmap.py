@@ -42,16 +42,16 @@ class Heatmap:
 
     def step(self, plan: PlanView) -> Step:
         """The command drawing the heatmaps of ``seed``'s models."""
-        spec = plan.table.heatmap
-        ds = plan.table.datasets[spec["dataset"]]
-        rows = [plan.table.row(r) for r in spec["rows"]]
+        drawn = plan.table.heatmap
+        ds = plan.table.datasets[drawn["dataset"]]
+        rows = [plan.table.row(r) for r in drawn["rows"]]
         seed = self.seed(plan)
         out = plan.out / self.folder(plan.table.name)
         argv = [sys.executable, "-m", "fairseq_sparse.analysis", "heatmap", str(plan.data_dir(ds) / "bin"),
                 "--path", *[str(plan.checkpoint(ds, r, seed)) for r in rows], "--labels", *[r.label for r in rows],
-                "--split", spec.get("split", "test"), "--sentences", *[str(s) for s in spec.get("sentences", [0])],
-                "--sublayer", spec.get("sublayer", "cross"), "--layer", str(spec.get("layer", 0)),
-                "--head", str(spec.get("head", "mean")), "--out", str(out),
+                "--split", drawn.get("split", "test"), "--sentences", *[str(s) for s in drawn.get("sentences", [0])],
+                "--sublayer", drawn.get("sublayer", "cross"), "--layer", str(drawn.get("layer", 0)),
+                "--head", str(drawn.get("head", "mean")), "--out", str(out),
                 "--model-overrides", *[plan.model_overrides(ds, r) for r in rows]] + (["--cpu"] if plan.smoke else [])
         return Step(self.kind, argv, out / "heatmap.md", plan.out / "heatmap.log", "attention heatmaps",
                     needs=tuple(plan.model_key(ds, r, seed) for r in rows))

@@ -184,8 +184,8 @@ def write_curves(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
 
 def write_plot(plan: Plan, results: Results) -> Path:
     plt = pyplot()
-    table, spec = plan.table, plan.table.plot
-    series = spec.get("series") or [{"x": spec.get("x", "row"), "y": y} for y in spec["y"]]
+    table, plot = plan.table, plan.table.plot
+    series = plot.get("series") or [{"x": plot.get("x", "row"), "y": y} for y in plot["y"]]
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for line in series:
         x_key, y = line.get("x", "row"), line["y"]
@@ -200,10 +200,10 @@ def write_plot(plan: Plan, results: Results) -> Path:
             if points:
                 points.sort()
                 ax.plot(*zip(*points), style, label=f"{label} ({source})")
-    ax.set_xlabel(spec.get("xlabel", series[0].get("x", "row")))
-    ax.set_ylabel(spec.get("ylabel", ""))
-    if spec.get("xscale"):
-        ax.set_xscale(spec["xscale"])
+    ax.set_xlabel(plot.get("xlabel", series[0].get("x", "row")))
+    ax.set_ylabel(plot.get("ylabel", ""))
+    if plot.get("xscale"):
+        ax.set_xscale(plot["xscale"])
     ax.legend(fontsize=7)
     ax.set_title(table.title, fontsize=8)
     fig.tight_layout()

@@ -67,27 +67,27 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
     if profile not in PROFILES:
         raise ConfigError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     path = Path(path)
-    spec = _load_yaml(path)
+    table_yaml = _load_yaml(path)
     for key in ("name", "title", "paper", "datasets", "columns", "rows"):
-        if key not in spec:
+        if key not in table_yaml:
             raise ConfigError(f"{path}: missing key {key!r}")
-    paper = _load_yaml(configs / "papers" / f"{spec['paper']}.yaml")
+    paper = _load_yaml(configs / "papers" / f"{table_yaml['paper']}.yaml")
     settings = paper.get("settings") or {}
     catalogue = _load_yaml(configs / "datasets.yaml")
     smoke = _load_yaml(configs / "smoke.yaml")
 
     datasets: Dict[str, Dataset] = {}
-    for entry in spec["datasets"]:
+    for entry in table_yaml["datasets"]:
         ds_id = entry.get("id")
         if ds_id not in catalogue:
             raise ConfigError(f"{path}: dataset {ds_id!r} is not in {configs / 'datasets.yaml'}")
         if entry.get("setting") not in settings:
             raise ConfigError(f"{path}: dataset {ds_id}: setting {entry.get('setting')!r} is not in "
-                              f"papers/{spec['paper']}.yaml (known: {sorted(settings)})")
+                              f"papers/{table_yaml['paper']}.yaml (known: {sorted(settings)})")
         info = catalogue[ds_id]
         setting = dict(settings[entry["setting"]])
         if "train" not in setting:
-            raise ConfigError(f"papers/{spec['paper']}.yaml: setting {entry['setting']} has no 'train'")
+            raise ConfigError(f"papers/{table_yaml['paper']}.yaml: setting {entry['setting']} has no 'train'")
         prep = [info["prep"][profile]] if isinstance(info["prep"][profile], str) else list(info["prep"][profile])
         groups = entry.get("length_groups")
         if groups is not None:  # the test set cut by source length (ReLA Figure 2): splits test_len{g}of{N}
@@ -119,8 +119,8 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
             setting=setting, train_args=entry.get("train_args", "") or "",
             generate_args=entry.get("generate_args", "") or "", gold_alignments=gold is not None)
 
-    columns = [Column(**_fields(Column, c, f"{path}: column {c.get('id')}")) for c in spec["columns"]]
-    rows = [Row(**_fields(Row, r, f"{path}: row {r.get('id')}")) for r in spec["rows"]]
+    columns = [Column(**_fields(Column, c, f"{path}: column {c.get('id')}")) for c in table_yaml["columns"]]
+    rows = [Row(**_fields(Row, r, f"{path}: row {r.get('id')}")) for r in table_yaml["rows"]]
     for entry in (*columns, *rows):  # YAML reads a bare null, yes or 12 as no string: say so here
         for key in ("id", "label"):
             if not isinstance(getattr(entry, key), str) or not getattr(entry, key):
@@ -181,12 +181,12 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
             if ds_id not in datasets:
                 raise ConfigError(f"{where}: dataset {ds_id!r} is not among the table's datasets {sorted(datasets)}")
         if r.setting is not None and r.setting not in settings:
-            raise ConfigError(f"{where}: setting {r.setting!r} is not in papers/{spec['paper']}.yaml (known: {sorted(settings)})")
+            raise ConfigError(f"{where}: setting {r.setting!r} is not in papers/{table_yaml['paper']}.yaml (known: {sorted(settings)})")
         unknown = set(r.paper or {}) - set(column_ids)
         if unknown:
             raise ConfigError(f"{where}: paper numbers for unknown column(s) {sorted(unknown)}")
         seen.append(r.id)
-    plot = spec.get("plot")
+    plot = table_yaml.get("plot")
     if plot:
         lines = plot.get("series") or [{"x": plot.get("x", "row"), "y": y} for y in plot.get("y", [])]
         if not lines:
@@ -196,17 +196,17 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
                 raise ConfigError(f"{path}: plot y {line.get('y')!r} is not a column")
             if line.get("x", "row") != "row" and line["x"] not in column_ids:
                 raise ConfigError(f"{path}: plot x {line['x']!r} is neither 'row' nor a column")
-    curves = spec.get("curves", False)
+    curves = table_yaml.get("curves", False)
     if not isinstance(curves, bool):
         raise ConfigError(f"{path}: curves must be true or false, got {curves!r}")
-    heatmap = spec.get("heatmap")
+    heatmap = table_yaml.get("heatmap")
     if heatmap:
         unknown = set(heatmap) - {"rows", "dataset", "sentences", "sublayer", "layer", "head", "split"}
         if unknown:
             raise ConfigError(f"{path}: heatmap: unknown key(s) {sorted(unknown)}")
         if heatmap.get("dataset") not in datasets or not heatmap.get("rows") or set(heatmap["rows"]) - set(row_ids):
             raise ConfigError(f"{path}: heatmap needs 'dataset' (one of the table's) and 'rows' (row ids)")
-    return Table(name=spec["name"], title=spec["title"], source=spec.get("source", ""), notes=spec.get("notes", "") or "",
+    return Table(name=table_yaml["name"], title=table_yaml["title"], source=table_yaml.get("source", ""), notes=table_yaml.get("notes", "") or "",
                  profile=profile, datasets=datasets, columns=columns, rows=rows, smoke=smoke, plot=plot, path=path,
                  settings=settings, heatmap=heatmap, curves=curves)
 

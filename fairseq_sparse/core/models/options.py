@@ -104,12 +104,12 @@ class SparseModelOptions:
 
     @classmethod
     def add_args(cls, parser) -> None:
-        for spec in fields(cls):
-            meta = spec.metadata
+        for option in fields(cls):
+            meta = option.metadata
             if meta["help"] is None:
                 continue
-            name = "--" + spec.name.replace("_", "-")
-            shown = f" (default: {spec.default})" if spec.default is not None and not meta["flag"] else ""
+            name = "--" + option.name.replace("_", "-")
+            shown = f" (default: {option.default})" if option.default is not None and not meta["flag"] else ""
             if meta["flag"]:
                 # default None, not False: an architecture may turn a flag on by default
                 parser.add_argument(name, action="store_true", default=None, help=meta["help"])
@@ -122,14 +122,14 @@ class SparseModelOptions:
     @classmethod
     def fill_defaults(cls, args) -> None:
         """Give every option the user left unset its default (0 and '' count as set, to be rejected)."""
-        for spec in fields(cls):
-            set_default(args, spec.name, spec.default)
+        for option in fields(cls):
+            set_default(args, option.name, option.default)
 
     @classmethod
     def from_cfg(cls, cfg) -> "SparseModelOptions":
         """The checked options of a Namespace or TransformerConfig; unset ones take their defaults
         (a checkpoint saved before an option existed lacks it)."""
-        given = {spec.name: getattr(cfg, spec.name, None) for spec in fields(cls)}
+        given = {option.name: getattr(cfg, option.name, None) for option in fields(cls)}
         options = cls(**{name: value for name, value in given.items() if value is not None})
         options.validate()
         return options

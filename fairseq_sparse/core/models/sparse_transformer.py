@@ -172,7 +172,7 @@ def sparse_mini_architecture(args):
 
 def _preset(name, base, doc, **attention):
     """Register an architecture that fixes attention functions on top of ``base`` sizes."""
-    unknown = set(attention) - {spec.name for spec in dataclasses.fields(SparseModelOptions)}
+    unknown = set(attention) - {option.name for option in dataclasses.fields(SparseModelOptions)}
     if unknown:
         raise ValueError(f"architecture {name}: {sorted(unknown)} are not transformer_sparse options")
 

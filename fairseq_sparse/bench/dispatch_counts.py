@@ -22,6 +22,7 @@ holds the criteria.
 """
 
 import argparse
+import contextlib
 import sys
 import traceback
 from collections import Counter
@@ -34,7 +35,7 @@ from fairseq_sparse.bench.common import (L0DROP, build_row, long_batch, make_bat
                                          synthetic_dictionary)
 from fairseq_sparse.core.attention import DEFAULT_K, attention_names
 from fairseq_sparse.core.kernels import device as kernel_device
-from fairseq_sparse.core.modules import gathered_attention
+from fairseq_sparse.core.modules import function_in_chunks, gathered_attention
 
 aten = torch.ops.aten
 
@@ -158,13 +159,24 @@ def steady(step: Callable[[], None], where: bool = False) -> DispatchCounter:
     return count(step, where)
 
 
-def gpu_route() -> None:
-    """Take, on the CPU, the route a GPU takes: fixed-size gathered slots, the Triton kernels (interpreted)."""
+@contextlib.contextmanager
+def gpu_route():
+    """Take, on the CPU, the route a GPU takes: fixed-size gathered slots, the Triton kernels (interpreted), and
+    the query chunks a CUDA device's budgets cut (larger than the CPU's, so fewer chunks); all restored after."""
+    saved = (gathered_attention.host_reads_values, gathered_attention.chunk_elements, kernel_device.INTERPRETED_ON_CPU,
+             function_in_chunks.FUNCTION_CHUNK_ELEMENTS)
     gathered_attention.host_reads_values = lambda device: False
+    gathered_attention.chunk_elements = lambda device: gathered_attention.GATHER_CHUNK_ELEMENTS["cuda"]
+    function_in_chunks.FUNCTION_CHUNK_ELEMENTS = {**saved[3], "cpu": saved[3]["cuda"]}
     kernel_device.run_on_cpu(True)
     if not kernel_device.INTERPRETED_ON_CPU:
         print("note: the Triton kernels are counted as their eager twins (Triton missing, or TRITON_INTERPRET=1 "
               "not set before the plugin was imported)", file=sys.stderr)
+    try:
+        yield
+    finally:
+        (gathered_attention.host_reads_values, gathered_attention.chunk_elements, kernel_device.INTERPRETED_ON_CPU,
+         function_in_chunks.FUNCTION_CHUNK_ELEMENTS) = saved
 
 
 def count_rows(row: str, k: int = DEFAULT_K, long: int = 512, where: bool = False) -> Dict[str, DispatchCounter]:
@@ -190,10 +202,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Dict[str, DispatchCounte
                              "free on a CPU; eager norms); default: the route a GPU takes (Triton kernels interpreted)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if not args.cpu_route:
-        gpu_route()
     rows = ["softmax"] + [name for name in dict.fromkeys(args.functions) if name != "softmax"]
-    results = {row: count_rows(row, args.k, args.long, args.where) for row in rows}
+    with contextlib.nullcontext() if args.cpu_route else gpu_route():
+        results = {row: count_rows(row, args.k, args.long, args.where) for row in rows}
     base = results["softmax"]
     print(f"steady-state operations and host synchronisations per step, counted on the CPU along the "
           f"{'CPU' if args.cpu_route else 'GPU'}'s route; {ARCH}, k={args.k}; train: 8 sentence pairs of up to 24 tokens, "

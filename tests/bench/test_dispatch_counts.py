@@ -13,7 +13,6 @@ from fairseq_sparse.bench import dispatch_counts
 from fairseq_sparse.bench.common import L0DROP
 from fairseq_sparse.core.attention import attention_names
 from fairseq_sparse.core.kernels import device as kernel_device
-from fairseq_sparse.core.modules import gathered_attention
 
 ROWS = attention_names() + [L0DROP]
 
@@ -21,13 +20,9 @@ ROWS = attention_names() + [L0DROP]
 @pytest.fixture(scope="module")
 def counts():
     """Every row's steady-state counts, once for the module (a GPU's route: slots of fixed size)."""
-    original = gathered_attention.host_reads_values, kernel_device.INTERPRETED_ON_CPU
-    dispatch_counts.gpu_route()
     torch.set_num_threads(1)
-    try:
+    with dispatch_counts.gpu_route():
         yield {row: dispatch_counts.count_rows(row, k=8, long=512) for row in ROWS}
-    finally:
-        gathered_attention.host_reads_values, kernel_device.INTERPRETED_ON_CPU = original
 
 
 def test_the_counter_sees_a_synchronisation_and_boolean_indexing():

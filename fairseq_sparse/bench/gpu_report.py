@@ -96,31 +96,6 @@ def prepare(steps: List[ReportStep], args: argparse.Namespace, done: Progress) -
     return data_ok
 
 
-def train(steps: List[ReportStep], args: argparse.Namespace, data_ok: bool, done: Progress) -> None:
-    """The training steps, ``--jobs`` at a time; none without the data they train on."""
-    train_steps = [s for s in steps if s.group == "train"]
-    data = args.work_dir / "data" / "bin"
-    missing = ("not run: the data step failed" if not data_ok else
-               f"not run: no data in {data} (run the data step)"
-               if not any(s.group == "data" for s in steps) and not data.is_dir() else "")
-    if missing:
-        for step in train_steps:
-            step.status, step.note = "FAILED", missing
-            done(step)
-        return
-
-    def train_one(step: ReportStep) -> None:
-        if step.note:  # not to run: --budget
-            done(step)
-            return
-        run_step(step, args.work_dir / "logs")
-        check_training(step)
-        done(step)
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(train_one, train_steps))
-
-
 LAST_WORDS_S = 15.0  # of a --budget, kept for packing the logs and writing the report
 SHORTEST_STEP_S = 20.0  # a step with less of the budget left is not started
 
@@ -138,15 +113,38 @@ def within_budget(step: ReportStep, args: argparse.Namespace, started: float) ->
     return True
 
 
+def train(steps: List[ReportStep], args: argparse.Namespace, data_ok: bool, done: Progress, started: float) -> None:
+    """The training steps, ``--jobs`` at a time; none without the data they train on."""
+    train_steps = [s for s in steps if s.group == "train"]
+    data = args.work_dir / "data" / "bin"
+    missing = ("not run: the data step failed" if not data_ok else
+               f"not run: no data in {data} (run the data step)"
+               if not any(s.group == "data" for s in steps) and not data.is_dir() else "")
+    if missing:
+        for step in train_steps:
+            step.status, step.note = "FAILED", missing
+            done(step)
+        return
+
+    def train_one(step: ReportStep) -> None:
+        if not within_budget(step, args, started):  # each run cut to what is left when it starts
+            done(step)
+            return
+        run_step(step, args.work_dir / "logs")
+        check_training(step)
+        done(step)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(train_one, train_steps))
+
+
 def execute(steps: List[ReportStep], args: argparse.Namespace) -> int:
     """Run every step, the report rewritten after each; 1 if any failed."""
     started = time.monotonic()
     logs = args.work_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     done = Progress(steps, args)
-    for step in [s for s in steps if s.group == "train"]:
-        within_budget(step, args, started)  # trainings run side by side: each is cut to what is left at the start
-    train(steps, args, prepare(steps, args, done), done)
+    train(steps, args, prepare(steps, args, done), done, started)
     for step in [s for s in steps if s.group not in ("environment", "data", "train")]:
         if within_budget(step, args, started):
             run_step(step, logs)

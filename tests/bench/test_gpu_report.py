@@ -53,3 +53,16 @@ def test_a_budget_cuts_each_step_to_what_is_left_and_starts_none_past_it(tmp_pat
     assert steps[2].note == "the --budget of 40 s was spent"
     report = args.out.read_text()
     assert "* result: 1 of 3 steps FAILED, 1 not run" in report and "the --budget of 40 s was spent" in report
+
+
+def test_a_budget_cuts_each_training_run_when_it_starts(tmp_path):
+    """Trainings run --jobs at a time: each is measured against what is left of --budget when it starts, so a
+    run queued behind a long one is not started past the budget."""
+    args = parse_args(["--out", str(tmp_path / "REPORT.md"), "--work-dir", str(tmp_path / "work"), "--budget", "40",
+                       "--jobs", "1", "--only", "train"])
+    (tmp_path / "work" / "data" / "bin").mkdir(parents=True)
+    steps = [ReportStep("train softmax fp16", "train", "t", command=[PY, "-c", "import time; time.sleep(60)"], row="softmax", precision="fp16"),
+             ReportStep("train softmax bf16", "train", "t", command=losses(5.0, 4.0), row="softmax", precision="bf16")]
+    assert execute(steps, args) == 1
+    assert steps[0].note.startswith("timed out after") and steps[0].seconds < 30
+    assert steps[1].status == "not run" and steps[1].note == "the --budget of 40 s was spent"

@@ -42,10 +42,10 @@ SPEED_RUN_OPTIONS = ["--device", "cuda", "--arch", "transformer_sparse", "--beam
 # the two the issue's document-length targets name (and BigBird's random keys, for equality) in the speed profile.
 FLEX_FUNCTIONS = [name for name in attention_names() if get_attention(name).flex_mask is not None]
 SPEED_FLEX_RUN_FUNCTIONS = ["window", "block"]
-# The speed profile's equality check: the functions with a decoding-step kernel, and softmax, L0Drop (its
-# compressed memory of counted keys) and stock fairseq beside them.
-SPEED_EQUALITY_FUNCTIONS = [name for name in attention_names() if get_attention(name).decoding_kernel is not None] + [
-    "softmax", "l0drop", "fairseq"]
+# The speed profile's equality check: the functions with a kernel of their own (a decoding step, ReLA's sequence
+# kernel), and softmax, L0Drop (its compressed memory of counted keys) and stock fairseq beside them.
+SPEED_EQUALITY_FUNCTIONS = [name for name in attention_names() if get_attention(name).decoding_kernel is not None
+                            or get_attention(name).sequence_kernel is not None] + ["softmax", "l0drop", "fairseq"]
 SPEED_FLEX_EQUALITY_FUNCTIONS = ["window", "block", "bigbird"]
 PROFILES = ("full", "speed")
 VALID_PAIRS = 40  # sentence pairs of the synthetic validation set

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..kernels import topk_attention as topk_kernel
 from ..kernels.decoding_step import decoding_step
 from .registry import AttentionContext, AttentionOutput, register_attention
 
@@ -134,7 +135,8 @@ def softmax_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ct
 
 
 @register_attention("topk", uses_k=True, supports_key_counts=True, selection=topk_selection, selection_reads_scores=True,
-                    selection_is_top_k=True, decoding_kernel=partial(decoding_step, mode="topk"))
+                    selection_is_top_k=True, decoding_kernel=partial(decoding_step, mode="topk"),
+                    sequence_kernel=topk_kernel.topk_attention, sequence_kernel_takes=topk_kernel.takes_kernel)
 def topk_attention(scores: Tensor, values: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> AttentionOutput:
     """Explicit sparse attention: softmax over the k largest scores of each query (Zhao et al., 2019)."""
     key_counts = ctx.key_counts

@@ -192,6 +192,15 @@ class AttentionSpec:
     # with no requested weights, no attention mask, no dropout and no gradient, and equal to it there
     # (kernels.decoding_step: hard retrieval's argmax and gather, ReLA's rectified sum, top-k's softmax).
     decoding_kernel: Optional[Callable[..., Tensor]] = None
+    # Every query of a call as one kernel forward and backward where the kernels run: called as (q, k, v,
+    # key_padding_mask, key_counts, scaling, causal, dropout_p, k) with q (B, H, T, d_h), T > 1, where `fn` would
+    # run with no requested weights and no attention mask but fairseq's future mask (causal), and equal to it
+    # there, its dropout drawn by the kernel; no (T, S) tensor kept for the backward pass
+    # (kernels.rectified_attention: ReLA's rectified sum; kernels.topk_attention: top-k's threshold, then
+    # FlashAttention over the keys it keeps).
+    sequence_kernel: Optional[Callable[..., Tensor]] = None
+    # (key_counts, k) -> whether the sequence kernel computes such a call; None: every call it is asked for.
+    sequence_kernel_takes: Optional[Callable[[Optional[Tensor], int], bool]] = None
     # Its selection as a FlexAttention mask_mod, for a selection that reads no scores: called as
     # (PatternGeometry, AttentionContext) once per call, returns mask_mod(b, h, q_idx, kv_idx) -> bool, True
     # where the query attends to the key, equal to ~selection (--attn-impl flex: modules.flex_patterns).

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels.decoding_step import decoding_step
+from ..kernels.rectified_attention import rectified_attention
 from .functions import attend, fill_masked
 from .norms import RMSNorm
 from .registry import AttentionContext, AttentionOutput, register_attention
@@ -71,5 +72,6 @@ _RELA_VARIANTS = {
 _KERNEL_MODES = {F.relu: "relu", F.leaky_relu: "leaky_relu", F.gelu: "gelu"}
 for _name, (_activation, _norm, _doc) in _RELA_VARIANTS.items():
     register_attention(_name, build_output_norm=_norm, supports_key_counts=True, weights_are_probabilities=False,
-                       decoding_kernel=partial(decoding_step, mode=_KERNEL_MODES[_activation]))(
+                       decoding_kernel=partial(decoding_step, mode=_KERNEL_MODES[_activation]),
+                       sequence_kernel=partial(rectified_attention, mode=_KERNEL_MODES[_activation]))(
         _rectified(_activation, _doc))

@@ -6,7 +6,7 @@ checkpoints and beam search behave as with the stock module. Unlike the stock mo
 fairseq's dense shortcut (``F.multi_head_attention_forward``): the chosen method runs in training,
 in the encoder and in incremental decoding.
 
-Four paths compute it:
+Five paths compute it:
 
 * fused, when no weights are requested and the method registers a *selection* (softmax, top-k, the
   structured patterns; see ``attention.registry``): softmax, and a pattern up to a 512-token block,
@@ -20,6 +20,9 @@ Four paths compute it:
 
 * one kernel for a decoding step of hard retrieval, ReLA and top-k (``AttentionSpec.decoding_kernel``, where
   Triton's kernels run): scores, selection and output in one launch, no (B, H, 1, S) intermediate.
+
+* one kernel forward and two backward for every query of a ReLA or top-k call (``AttentionSpec.sequence_kernel``,
+  where Triton's kernels run): FlashAttention-style tiles, no (T, S) tensor written or kept.
 
 * with ``--attn-impl flex``, the position-only patterns through FlexAttention with a block mask
   (``flex_patterns``), where no weights, dropout or counted memory are asked for.
@@ -42,7 +45,7 @@ from ..attention import (
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from ..kernels.decoding_step import MAX_KEYS as MAX_DECODING_KEYS
 from ..kernels.device import runs_fused
-from .attention_masks import as_bool, combine_masks
+from .attention_masks import as_bool, combine_masks, is_future_mask
 from .l0drop import counted_padding
 from .function_in_chunks import function_chunks, function_in_chunks
 from .flex_patterns import flex_pattern_attention, takes_flex
@@ -247,6 +250,10 @@ class SparseMultiheadAttention(MultiheadAttention):
             out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
         elif self._decodes_in_one_kernel(tgt_len, k.size(2), ctx, attn_mask):
             out, weights = self.spec.decoding_kernel(q, k, v, key_padding_mask, ctx.key_counts, self.scaling, ctx.k), None
+        elif self._attends_in_sequence_kernel(tgt_len, k.size(2), ctx, attn_mask):
+            out = self.spec.sequence_kernel(q, k, v, key_padding_mask, ctx.key_counts, self.scaling, attn_mask is not None,
+                                            ctx.dropout_p, ctx.k)
+            weights = None
         elif takes_flex(self, tgt_len, k.size(2), ctx, attn_mask):
             out, weights = flex_pattern_attention(self, q, k, v, ctx, attn_mask, key_padding_mask), None
         elif self.spec.selection is not None and not need_weights and tgt_len > 1:
@@ -284,6 +291,16 @@ class SparseMultiheadAttention(MultiheadAttention):
         return (self.spec.decoding_kernel is not None and tgt_len == 1 and not ctx.need_weights and attn_mask is None
                 and not ctx.training and ctx.dropout_p == 0.0 and not torch.is_grad_enabled()
                 and num_keys <= MAX_DECODING_KEYS and runs_fused(self.q_proj.weight.device))
+
+    @torch.jit.unused
+    def _attends_in_sequence_kernel(self, tgt_len: int, num_keys: int, ctx: AttentionContext,
+                                    attn_mask: Optional[Tensor]) -> bool:
+        """A call of several queries of a method with a kernel for it (``AttentionSpec.sequence_kernel``), where
+        kernels run, with no weights requested and no attention mask but fairseq's future mask."""
+        takes = self.spec.sequence_kernel_takes
+        return (self.spec.sequence_kernel is not None and tgt_len > 1 and not ctx.need_weights
+                and (takes is None or takes(ctx.key_counts, ctx.k)) and runs_fused(self.q_proj.weight.device)
+                and (attn_mask is None or is_future_mask(attn_mask, tgt_len, num_keys)))
 
     def attention_dropout_p(self) -> float:
         """The attention dropout rate where it applies (training, or fairseq's --retain-dropout), else 0."""

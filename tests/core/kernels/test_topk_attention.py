@@ -202,3 +202,4 @@ print("compiled")
 @pytest.mark.skipif(ON_GPU, reason="on a GPU the tests above compile and run the kernels themselves")
 def test_the_kernels_compile_for_sm80_and_sm90_in_every_precision():
     assert_compiles(COMPILE)
+

@@ -4,9 +4,9 @@ set -e
 # prepare bible_doc_de_en (1/3)
 .venv/bin/python -m fairseq_sparse.data.bible --pair de-en --level document --bpe-merges 8000 --max-len 100000 --out runs/data/paper/bible_doc_de_en/chapters > runs/data/paper/bible_doc_de_en/prep0.log 2>&1
 # prepare bible_doc_de_en (2/3)
-.venv/bin/python -m fairseq_sparse.data.document_blocks --in runs/data/paper/bible_doc_de_en/chapters --out runs/data/paper/bible_doc_de_en --src-lang de --tgt-lang en > runs/data/paper/bible_doc_de_en/prep1.log 2>&1
+.venv/bin/python -m fairseq_sparse.data.document_blocks --in runs/data/paper/bible_doc_de_en/chapters --out runs/data/paper/bible_doc_de_en --src-lang de --tgt-lang en > runs/data/paper/bible_doc_de_en/prep1.b2cdf545.log 2>&1
 # prepare bible_doc_de_en (3/3)
-.venv/bin/fairseq-preprocess --source-lang de --target-lang en --joined-dictionary --workers 1 --trainpref runs/data/paper/bible_doc_de_en/train --validpref runs/data/paper/bible_doc_de_en/valid --testpref runs/data/paper/bible_doc_de_en/test --destdir runs/data/paper/bible_doc_de_en/bin > runs/data/paper/bible_doc_de_en/prep2.log 2>&1
+.venv/bin/fairseq-preprocess --source-lang de --target-lang en --joined-dictionary --workers 1 --trainpref runs/data/paper/bible_doc_de_en/train --validpref runs/data/paper/bible_doc_de_en/valid --testpref runs/data/paper/bible_doc_de_en/test --destdir runs/data/paper/bible_doc_de_en/bin > runs/data/paper/bible_doc_de_en/prep2.35cabb19.log 2>&1
 # train full on bible_doc_de_en (seed 1)
 .venv/bin/fairseq-train runs/data/paper/bible_doc_de_en/bin --user-dir fairseq_sparse --arch transformer_sparse_mini --encoder-embed-dim 128 --decoder-embed-dim 128 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 --encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings --attn-k 8 --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.002 --lr-scheduler inverse_sqrt --warmup-updates 400 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --dropout 0.1 --max-tokens 4096 --max-epoch 10 --keep-last-epochs 5 --log-format simple --log-interval 100 --num-workers 0 --encoder-attn-fn softmax --decoder-attn-fn softmax --cross-attn-fn softmax --seed 1 --save-dir runs/models/paper/bible_doc_de_en/full-dad1cca342dd/checkpoints > runs/models/paper/bible_doc_de_en/full-dad1cca342dd/train.log 2>&1
 # average full on bible_doc_de_en (seed 1)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .device import triton
-from .tiles import dropout_seed, padding_and_counts, rows_of
+from .tiles import dropout_seed, empty_gradients, padding_and_counts, rows_of
 
 # How the kernel rectifies the scores; the index is its MODE (the activations of ReLA's Table 1).
 ACTIVATIONS = ("relu", "leaky_relu", "gelu")
@@ -256,9 +256,7 @@ def _backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, padding: Optional[T
     """The gradients of q, k and v (their dtypes, contiguous) for the output gradient ``grad``, (B, H, T, d)."""
     q, k, v, grad = rows_of(q), rows_of(k), rows_of(v), rows_of(grad)
     batch, heads, num_queries, head_dim = q.shape
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv = empty_gradients(q, k, v)
     if batch * heads == 0:
         return dq, dk, dv
     pointers, sizes, strides = _launch_arguments(q, k, v, padding, counts, seed)

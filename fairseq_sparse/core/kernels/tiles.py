@@ -60,6 +60,11 @@ def rows_of(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def empty_gradients(q: Tensor, k: Tensor, v: Tensor):
+    """Contiguous tensors for the gradients of q, k and v, in their dtypes (what the backward kernels write)."""
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
 def dropout_seed(device: torch.device) -> Tensor:
     """A seed for one call's dropout mask, drawn from torch's generator of ``device`` (no host round trip)."""
     return torch.randint(0, 2**31 - 2**20, (1,), dtype=torch.int64, device=device)  # room for seed + sentence x head

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .device import triton
-from .tiles import dropout_seed, padding_and_counts, rows_of
+from .tiles import dropout_seed, empty_gradients, padding_and_counts, rows_of
 
 BLOCK_QUERIES = 64
 BLOCK_KEYS = 64
@@ -267,9 +267,7 @@ def _backward(grad: Tensor, out: Tensor, kth: Tensor, lse: Tensor, q: Tensor, k:
     q, k, v = rows_of(q), rows_of(k), rows_of(v)
     grad = grad.contiguous()
     batch, heads, num_queries, head_dim = q.shape
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv = empty_gradients(q, k, v)
     if batch * heads == 0:
         return dq, dk, dv
     delta = (grad.float() * out.float()).sum(-1)  # FlashAttention's D: rowsum(dO o O), O after dropout

@@ -90,7 +90,7 @@ def test_the_kernel_and_its_gradients_equal_the_registered_function(name, querie
             assert _close(got, expected), case
             for got_grad, expected_grad in zip(_gradients(got, grad, (q, k, v)), _gradients(expected, grad, (q, k, v))):
                 assert _close(got_grad, expected_grad), case
-    got = kernel.rectified_attention(q, k, v, padding, None, scaling, False, 0.0, mode)
+    got = kernel.rectified_attention(q, k, v, padding, None, scaling, False, 0.0, mode=mode)
     assert torch.equal(got[-1], torch.zeros_like(got[-1]))  # no key: a zero row, as the registered function gives
     assert all(torch.equal(g[-1], torch.zeros_like(g[-1])) for g in _gradients(got, grad, (q, k, v)))
 

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from .device import triton
+from .tiles import padding_and_counts, rows_of
 
 # How the step turns scores into its output; the activation's index is the kernel's MODE.
 MODES = ("argmax", "relu", "leaky_relu", "gelu", "topk", "sparsemax", "entmax15")
@@ -188,11 +189,6 @@ if triton is not None:
         tl.store(out, total.to(out_ptr.dtype.element_ty), mask=in_dim)
 
 
-def _rows_of(x: Tensor) -> Tensor:
-    """``x`` with unit stride along its last dimension (what the kernel indexes)."""
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def decoding_step(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], key_counts: Optional[Tensor],
                   scaling: float, attended: int, mode: str) -> Tensor:
     """One query per (sentence, head): q (B, H, 1, d), k and v (B, H, S, d), key_padding_mask (B, S) bool
@@ -200,10 +196,9 @@ def decoding_step(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Te
     modes) -> (B, H, 1, d) in v's dtype. At most ``MAX_KEYS`` keys."""
     batch, heads, _, head_dim = q.shape
     num_keys = k.size(2)
-    q, k, v = _rows_of(q), _rows_of(k), _rows_of(v)
+    q, k, v = rows_of(q), rows_of(k), rows_of(v)
     out = torch.empty((batch, heads, 1, head_dim), dtype=v.dtype, device=v.device)
-    padding = None if key_padding_mask is None else _rows_of(key_padding_mask)
-    counts = None if key_counts is None else _rows_of(key_counts.reshape(key_counts.size(0), -1).float())
+    padding, counts = padding_and_counts(key_padding_mask, key_counts)
     if batch * heads > 0:
         _decoding_step[(batch * heads,)](
             q, k, v, q if padding is None else padding, q if counts is None else counts, out,

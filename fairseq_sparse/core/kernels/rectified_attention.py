@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .device import triton
-from .tiles import dropout_seed, empty_gradients, padding_and_counts, rows_of
+from .tiles import block_dim, dropout_seed, empty_gradients, padding_and_counts, qkv_strides, rows_of
 
 # How the kernel rectifies the scores; the index is its MODE (the activations of ReLA's Table 1).
 ACTIVATIONS = ("relu", "leaky_relu", "gelu")
@@ -222,16 +222,14 @@ def _launch_arguments(q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor]
     heads, num_queries, head_dim = q.size(1), q.size(2), q.size(3)
     return ((q, k, v, q if padding is None else padding, q if counts is None else counts, q if seed is None else seed),
             (num_queries, k.size(2), heads, head_dim),
-            (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-             v.stride(0), v.stride(1), v.stride(2),
-             0 if padding is None else padding.stride(0),
+            (*qkv_strides(q, k, v), 0 if padding is None else padding.stride(0),
              0 if counts is None or counts.size(0) == 1 else counts.stride(0)))
 
 
 def _constants(mode: str, causal: bool, padding, counts, dropout_p: float, head_dim: int):
     return dict(MODE=ACTIVATIONS.index(mode), CAUSAL=causal, HAS_PADDING=padding is not None,
                 HAS_COUNTS=counts is not None, DROPOUT=dropout_p > 0, BLOCK_Q=BLOCK_QUERIES, BLOCK_K=BLOCK_KEYS,
-                BLOCK_DIM=max(16, triton.next_power_of_2(head_dim)))
+                BLOCK_DIM=block_dim(head_dim))
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor], counts: Optional[Tensor],

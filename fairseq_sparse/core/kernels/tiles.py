@@ -1,12 +1,13 @@
 """What the sequence kernels (``rectified_attention``, ``topk_attention``) share: which keys of a (queries x keys) tile
-are visible, attention dropout drawn in the kernel, and the launch helpers around them.
+are visible, attention dropout drawn in the kernel, and the launch helpers around them (the decoding-step kernel
+takes its padding and key counts as they do).
 
 Dropout is drawn from one seed per call, drawn on the device (no host round trip), and each entry's position:
 ``tl.rand(seed + sentence x heads + head, query x S + key)``, so a backward pass that recomputes a tile draws the
 same mask as its forward pass did. ``dropout_keep`` materialises that mask for the tests.
 """
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -58,6 +59,16 @@ if triton is not None:
 def rows_of(x: Tensor) -> Tensor:
     """``x`` with unit stride along its last dimension (what the kernels index)."""
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def qkv_strides(q: Tensor, k: Tensor, v: Tensor) -> Tuple[int, ...]:
+    """The batch, head and row strides of q, k and v, in the order the sequence kernels take them."""
+    return tuple(stride for x in (q, k, v) for stride in x.stride()[:3])
+
+
+def block_dim(head_dim: int) -> int:
+    """The kernels' tile width over a head's dimensions: a power of two, at least ``tl.dot``'s 16."""
+    return max(16, triton.next_power_of_2(head_dim))
 
 
 def empty_gradients(q: Tensor, k: Tensor, v: Tensor):

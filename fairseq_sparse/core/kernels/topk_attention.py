@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .device import triton
-from .tiles import dropout_seed, empty_gradients, padding_and_counts, rows_of
+from .tiles import block_dim, dropout_seed, empty_gradients, padding_and_counts, qkv_strides, rows_of
 
 BLOCK_QUERIES = 64
 BLOCK_KEYS = 64
@@ -235,13 +235,12 @@ if triton is not None:
 def _inputs(q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor], seed: Optional[Tensor]):
     """The pointers each kernel reads first and the strides it reads last."""
     return ((q, k, v, q if padding is None else padding, q if seed is None else seed),
-            (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-             v.stride(0), v.stride(1), v.stride(2), 0 if padding is None else padding.stride(0)))
+            (*qkv_strides(q, k, v), 0 if padding is None else padding.stride(0)))
 
 
 def _constants(causal: bool, padding: Optional[Tensor], dropout_p: float, head_dim: int):
     return dict(CAUSAL=causal, HAS_PADDING=padding is not None, DROPOUT=dropout_p > 0, BLOCK_Q=BLOCK_QUERIES,
-                BLOCK_K=BLOCK_KEYS, BLOCK_DIM=max(16, triton.next_power_of_2(head_dim)))
+                BLOCK_K=BLOCK_KEYS, BLOCK_DIM=block_dim(head_dim))
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor], seed: Optional[Tensor], scaling: float,

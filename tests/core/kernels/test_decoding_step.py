@@ -2,7 +2,6 @@
 interpreter on the CPU), the attention module takes it exactly where that function would run on one query
 without weights, mask, dropout or gradient, and it compiles for the GPUs our users decode on."""
 
-import os
 
 import pytest
 import torch
@@ -19,12 +18,6 @@ ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 WITH_KERNEL = [name for name in attention_names() if get_attention(name).decoding_kernel is not None]
 KERNEL_OP = "fairseq_sparse.decoding_step"
-
-
-@pytest.fixture
-def fused(monkeypatch):
-    assert ON_GPU or os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets the interpreter on a CPU"
-    monkeypatch.setattr(device, "INTERPRETED_ON_CPU", True)
 
 
 def test_hard_retrieval_top_k_sparsemax_entmax15_and_every_rela_variant_declare_the_kernel():

@@ -1,7 +1,6 @@
 """The fused RMSNorm kernel equals the eager RMSNorm that defines it (under Triton's interpreter on the CPU),
 and compiles for the GPUs our users train on."""
 
-import os
 
 import pytest
 import torch
@@ -9,18 +8,11 @@ from gpu_compilation import assert_compiles
 
 from fairseq_sparse.bench.dispatch_counts import count
 from fairseq_sparse.core.attention.norms import RMSNorm
-from fairseq_sparse.core.kernels import device
 from fairseq_sparse.core.kernels import rms_norm as kernel
 
 pytestmark = pytest.mark.skipif(kernel.triton is None, reason="Triton is not installed (requirements.txt pins it)")
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
-
-
-@pytest.fixture
-def fused(monkeypatch):
-    assert ON_GPU or os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets the interpreter on a CPU"
-    monkeypatch.setattr(device, "INTERPRETED_ON_CPU", True)
 
 
 NORMS = {

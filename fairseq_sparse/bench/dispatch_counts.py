@@ -12,7 +12,8 @@ launch-bound on a GPU, so its number of operations is its cost there.
     TRITON_INTERPRET=1 python -m fairseq_sparse.bench.dispatch_counts     # every registered function
     TRITON_INTERPRET=1 python -m fairseq_sparse.bench.dispatch_counts --functions softmax topk hard --where
 
-(TRITON_INTERPRET=1: the Triton kernels a GPU launches run, and are counted, through Triton's interpreter.)
+(TRITON_INTERPRET=1: the Triton kernels a GPU launches are launched, and counted, through Triton's interpreter;
+their bodies are skipped, which changes no count, unless --run-kernels.)
 
 Rows: a training step (forward + backward of a small transformer_sparse model on a batch of
 sentences, and at --long tokens), and one incremental decoding step (batch x beam hypotheses, with
@@ -159,10 +160,38 @@ def steady(step: Callable[[], None], where: bool = False) -> DispatchCounter:
     return count(step, where)
 
 
+# The pointers the plugin's kernels write through (core/kernels: outputs, gradients, top-k's per-query rows, the
+# dropout mask drawn for tests).
+KERNEL_OUTPUTS = frozenset({"out_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "kth_ptr", "lse_ptr", "keep_ptr"})
+
+
 @contextlib.contextmanager
-def gpu_route():
-    """Take, on the CPU, the route a GPU takes: fixed-size gathered slots, the Triton kernels (interpreted), and
-    the query chunks a CUDA device's budgets cut (larger than the CPU's, so fewer chunks); all restored after."""
+def kernel_bodies_skipped():
+    """Launch the interpreted Triton kernels without running their bodies, which write zeros instead. The dispatcher
+    sees a kernel as the one custom operation that launches it (``fairseq_sparse.rectified_attention``), whatever
+    the body computes, so the counts are those of running it (``tests/bench/test_dispatch_counts.py`` checks),
+    and a 512-token step of interpreted kernels takes minutes. Zeros rather than ``torch.empty``'s contents: the
+    eager functions downstream (entmax's sort) fail on NaN."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    def launch_writing_zeros(self, *args, grid, warmup, **kwargs):
+        for name, arg in zip(self.arg_names, args):
+            if name in KERNEL_OUTPUTS and isinstance(arg, torch.Tensor):
+                arg.data.zero_()  # inside the launching custom operation: the counter does not see it
+
+    run = InterpretedFunction.run
+    InterpretedFunction.run = launch_writing_zeros
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = run
+
+
+@contextlib.contextmanager
+def gpu_route(run_kernels: bool = False):
+    """Take, on the CPU, the route a GPU takes: fixed-size gathered slots, the Triton kernels (interpreted; their
+    bodies run only with ``run_kernels``), and the query chunks a CUDA device's budgets cut (larger than the CPU's,
+    so fewer chunks); all restored after."""
     saved = (gathered_attention.host_reads_values, gathered_attention.chunk_elements, kernel_device.INTERPRETED_ON_CPU,
              function_in_chunks.FUNCTION_CHUNK_ELEMENTS)
     gathered_attention.host_reads_values = lambda device: False
@@ -173,7 +202,8 @@ def gpu_route():
         print("note: the Triton kernels are counted as their eager twins (Triton missing, or TRITON_INTERPRET=1 "
               "not set before the plugin was imported)", file=sys.stderr)
     try:
-        yield
+        with contextlib.nullcontext() if run_kernels or not kernel_device.INTERPRETED_ON_CPU else kernel_bodies_skipped():
+            yield
     finally:
         (gathered_attention.host_reads_values, gathered_attention.chunk_elements, kernel_device.INTERPRETED_ON_CPU,
          function_in_chunks.FUNCTION_CHUNK_ELEMENTS) = saved
@@ -200,10 +230,12 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Dict[str, DispatchCounte
     parser.add_argument("--cpu-route", action="store_true",
                         help="count the CPU's own route (the gathered path sizes its slots from values read on the host, "
                              "free on a CPU; eager norms); default: the route a GPU takes (Triton kernels interpreted)")
+    parser.add_argument("--run-kernels", action="store_true",
+                        help="run the interpreted kernels' bodies too (the same counts, minutes longer at --long 512)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rows = ["softmax"] + [name for name in dict.fromkeys(args.functions) if name != "softmax"]
-    with contextlib.nullcontext() if args.cpu_route else gpu_route():
+    with contextlib.nullcontext() if args.cpu_route else gpu_route(args.run_kernels):
         results = {row: count_rows(row, args.k, args.long, args.where) for row in rows}
     base = results["softmax"]
     print(f"steady-state operations and host synchronisations per step, counted on the CPU along the "

@@ -19,7 +19,8 @@ ROWS = attention_names() + [L0DROP]
 
 @pytest.fixture(scope="module")
 def counts():
-    """Every row's steady-state counts, once for the module (a GPU's route: slots of fixed size)."""
+    """Every row's steady-state counts, once for the module (a GPU's route: slots of fixed size, the kernels
+    launched through the interpreter without running their bodies)."""
     torch.set_num_threads(1)
     with dispatch_counts.gpu_route():
         yield {row: dispatch_counts.count_rows(row, k=8, long=512) for row in ROWS}
@@ -32,6 +33,31 @@ def test_the_counter_sees_a_synchronisation_and_boolean_indexing():
     assert len(dispatch_counts.count(lambda: x.masked_fill(x > 0, 0.0)).synchronisations) == 0
     counter = dispatch_counts.count(lambda: x.masked_fill(x > 0, 0.0))
     assert counter.operations == 2 and counter.by_operation["aten.masked_fill"] == 1
+
+
+def test_the_counts_skip_the_kernels_bodies_without_changing_a_count(monkeypatch):
+    """The module fixture launches the interpreted kernels without running their bodies (minutes at 512 tokens):
+    the counts equal those of running them. ReLA-g's steps launch three kernels (its sequence kernel, its output
+    norm's, the decoding step's); skipping is the same for every kernel."""
+    row = "rela_g"
+    from triton.runtime import interpreter
+
+    bodies_run = []
+    grid_call = interpreter.GridExecutor.__call__
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__",
+                        lambda self, *args, **kwargs: bodies_run.append(1) or grid_call(self, *args, **kwargs))
+    counts, runs = {}, {}
+    for run_kernels in (True, False):
+        bodies_run.clear()
+        with dispatch_counts.gpu_route(run_kernels):
+            assert kernel_device.INTERPRETED_ON_CPU, "tests/conftest.py sets the interpreter"
+            counts[run_kernels] = dispatch_counts.count_rows(row, k=8, long=16)
+        runs[run_kernels] = len(bodies_run)
+    assert runs[True] > 0 and runs[False] == 0
+    for step, counter in counts[True].items():
+        assert any(op.startswith("fairseq_sparse.") for op in counter.by_operation), step  # a kernel launched
+        assert counter.by_operation == counts[False][step].by_operation, step
+        assert counter.synchronisations == counts[False][step].synchronisations, step
 
 
 @pytest.mark.parametrize("row", ROWS)

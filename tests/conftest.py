@@ -26,6 +26,16 @@ ROOT = Path(__file__).resolve().parents[1]
 EVAL_PAIRS = 40
 
 
+@pytest.fixture
+def fused(monkeypatch):
+    """The Triton kernels' route (tests/core/kernels): where the attention module takes them on a GPU, and on the CPU
+    through Triton's interpreter (``device.INTERPRETED_ON_CPU``), for this test only."""
+    from fairseq_sparse.core.kernels import device
+
+    assert torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1", "the interpreter is set above"
+    monkeypatch.setattr(device, "INTERPRETED_ON_CPU", True)
+
+
 @pytest.fixture(scope="session")
 def bible(tmp_path_factory):
     """A few hundred German-English verse pairs of the offline Bible corpus, BPE'd and binarised."""

@@ -39,9 +39,9 @@ def test_the_counts_skip_the_kernels_bodies_without_changing_a_count(monkeypatch
     """The module fixture launches the interpreted kernels without running their bodies (minutes at 512 tokens):
     the counts equal those of running them. ReLA-g's steps launch three kernels (its sequence kernel, its output
     norm's, the decoding step's); skipping is the same for every kernel."""
-    row = "rela_g"
     from triton.runtime import interpreter
 
+    row = "rela_g"
     bodies_run = []
     grid_call = interpreter.GridExecutor.__call__
     monkeypatch.setattr(interpreter.GridExecutor, "__call__",

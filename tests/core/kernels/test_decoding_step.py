@@ -2,7 +2,6 @@
 interpreter on the CPU), the attention module takes it exactly where that function would run on one query
 without weights, mask, dropout or gradient, and it compiles for the GPUs our users decode on."""
 
-
 import pytest
 import torch
 from gpu_compilation import assert_compiles

@@ -3,7 +3,6 @@ q, k and v, under Triton's interpreter on the CPU): padding, fairseq's future ma
 with no key, several blocks of queries and keys, and attention dropout with the kernel's own mask; the attention
 module takes it exactly where it applies, and it compiles for the GPUs our users train on."""
 
-
 import pytest
 import torch
 from gpu_compilation import assert_compiles

@@ -1,7 +1,6 @@
 """The fused RMSNorm kernel equals the eager RMSNorm that defines it (under Triton's interpreter on the CPU),
 and compiles for the GPUs our users train on."""
 
-
 import pytest
 import torch
 from gpu_compilation import assert_compiles

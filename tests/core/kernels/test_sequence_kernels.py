@@ -3,7 +3,6 @@ through the attention module along a GPU's route (Triton's interpreter on the CP
 the registered function, the module's output and every parameter's gradient equal the reference path's, and nothing
 of size (T, S) is kept for the backward pass. Each kernel's own conformance cases are in its test file."""
 
-
 import pytest
 import torch
 

@@ -4,7 +4,6 @@ the k-th score, several blocks of queries and keys, k from 1 to more than the ke
 kernel's own mask; the attention module takes it exactly where it applies, and it compiles for the GPUs our users
 train on."""
 
-
 import pytest
 import torch
 from gpu_compilation import assert_compiles

@@ -1,5 +1,6 @@
 """Small builders shared by the model tests: a tiny transformer_sparse without a data set, and a tiny
-binarised bitext with in-process fairseq-preprocess / fairseq-train for tests that need a checkpoint."""
+binarised bitext with in-process fairseq-preprocess / fairseq-train for tests that need a checkpoint; and the
+tolerance the kernel tests compare with."""
 
 import argparse
 from pathlib import Path
@@ -13,6 +14,12 @@ import fairseq_sparse  # noqa: F401  (registers the model)
 from fairseq_sparse.core.models.sparse_layers import SparseTransformerEncoder
 
 VOCAB = 20
+
+
+def relatively_close(got: torch.Tensor, expected: torch.Tensor, tolerance: float = 2e-5) -> bool:
+    """Every entry within ``tolerance`` of ``expected``'s largest magnitude (at least 1): float32 kernels that sum
+    in another order than the reference."""
+    return bool((got - expected).abs().max() <= tolerance * max(1.0, expected.abs().max()))
 
 
 def tiny_dictionary() -> Dictionary:

@@ -5,6 +5,7 @@ module takes it exactly where it applies, and it compiles for the GPUs our users
 
 import pytest
 import torch
+from helpers import relatively_close
 from gpu_compilation import assert_compiles
 
 from fairseq_sparse.bench.dispatch_counts import count
@@ -57,10 +58,6 @@ def _gradients(output, grad, tensors):
     return torch.autograd.grad(output, tensors, grad)
 
 
-def _close(got, expected, tolerance=2e-5):
-    return (got - expected).abs().max() <= tolerance * max(1.0, expected.abs().max())
-
-
 # self-attention in one block; several blocks of queries and keys, odd head size; a short target against a long source
 SHAPES = [(7, 7, 16), (70, 70, 24), (9, 131, 16)]
 
@@ -79,9 +76,9 @@ def test_the_kernel_and_its_gradients_equal_the_registered_function(name, querie
             got = kernel.rectified_attention(q, k, v, pad, cnt, scaling, causal, 0.0, mode=mode)
             assert got.shape == expected.shape and got.dtype == v.dtype
             case = (causal, pad is None, cnt is None)
-            assert _close(got, expected), case
+            assert relatively_close(got, expected), case
             for got_grad, expected_grad in zip(_gradients(got, grad, (q, k, v)), _gradients(expected, grad, (q, k, v))):
-                assert _close(got_grad, expected_grad), case
+                assert relatively_close(got_grad, expected_grad), case
     got = kernel.rectified_attention(q, k, v, padding, None, scaling, False, 0.0, mode=mode)
     assert torch.equal(got[-1], torch.zeros_like(got[-1]))  # no key: a zero row, as the registered function gives
     assert all(torch.equal(g[-1], torch.zeros_like(g[-1])) for g in _gradients(got, grad, (q, k, v)))
@@ -102,9 +99,9 @@ def test_dropout_draws_one_mask_for_the_forward_and_backward_passes(name, fused)
     keep = tiles.dropout_keep(tiles.dropout_seed(q.device), 2, 3, queries, keys, p)
     assert abs(keep.float().mean().item() - (1 - p)) < 0.02
     expected = _reference(name, q, k, v, padding, counts, 0.25, False, keep, p)
-    assert _close(got, expected)
+    assert relatively_close(got, expected)
     for got_grad, expected_grad in zip(got_grads, _gradients(expected, grad, (q, k, v))):
-        assert _close(got_grad, expected_grad)
+        assert relatively_close(got_grad, expected_grad)
     again = kernel.rectified_attention(q, k, v, padding, counts, 0.25, False, p, mode=mode)
     assert not torch.equal(again, got)  # each call draws its own mask
 

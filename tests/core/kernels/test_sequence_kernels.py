@@ -5,6 +5,7 @@ of size (T, S) is kept for the backward pass. Each kernel's own conformance case
 
 import pytest
 import torch
+from helpers import relatively_close
 
 from fairseq_sparse.bench.dispatch_counts import count
 from fairseq_sparse.core.attention import attention_names, get_attention
@@ -28,10 +29,6 @@ def _kernel_calls(name, counter) -> tuple:
     kernel = get_attention(name).sequence_kernel
     forward = f"fairseq_sparse.{getattr(kernel, 'func', kernel).__name__}"
     return counter.by_operation.get(forward, 0), counter.by_operation.get(f"{forward}_backward", 0)
-
-
-def _close(got, expected, tolerance=2e-5):
-    return (got - expected).abs().max() <= tolerance * max(1.0, expected.abs().max())
 
 
 @pytest.mark.parametrize("cross", [False, True], ids=["decoder-self", "cross"])
@@ -65,10 +62,10 @@ def test_the_module_trains_with_the_kernel_as_with_the_reference(name, cross, fu
     for module in modules.values():
         module.zero_grad()
     got, expected = step(modules["auto"]), step(modules["reference"])
-    assert _close(got, expected)
+    assert relatively_close(got, expected)
     named = dict(modules["reference"].named_parameters())
     for parameter_name, parameter in modules["auto"].named_parameters():
-        assert _close(parameter.grad, named[parameter_name].grad, 5e-5), parameter_name
+        assert relatively_close(parameter.grad, named[parameter_name].grad, 5e-5), parameter_name
 
 
 def _largest_saved(step) -> int:

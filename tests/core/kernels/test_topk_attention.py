@@ -6,6 +6,7 @@ train on."""
 
 import pytest
 import torch
+from helpers import relatively_close
 from gpu_compilation import assert_compiles
 
 from fairseq_sparse.bench.dispatch_counts import count
@@ -48,19 +49,15 @@ def _inputs(batch, heads, queries, keys, head_dim, seed):
     return q, k, v, padding
 
 
-def _close(got, expected, tolerance=2e-5):
-    return (got - expected).abs().max() <= tolerance * max(1.0, expected.abs().max())
-
-
 def _assert_equal_to_reference(q, k, v, padding, scaling, causal, attended):
     grad = torch.randn(q.shape, device=DEVICE)
     expected = _reference(q, k, v, padding, scaling, causal, attended)
     got = kernel.topk_attention(q, k, v, padding, None, scaling, causal, 0.0, attended)
     assert got.shape == expected.shape and got.dtype == v.dtype
-    assert _close(got, expected)
+    assert relatively_close(got, expected)
     for got_grad, expected_grad in zip(torch.autograd.grad(got, (q, k, v), grad),
                                        torch.autograd.grad(expected, (q, k, v), grad)):
-        assert _close(got_grad, expected_grad)
+        assert relatively_close(got_grad, expected_grad)
 
 
 # one block; several blocks of queries and keys with an odd head size; a short target against a long source
@@ -106,9 +103,9 @@ def test_dropout_draws_one_mask_for_the_forward_and_backward_passes(fused):
     torch.manual_seed(11)
     keep = tiles.dropout_keep(tiles.dropout_seed(q.device), 2, 3, queries, keys, p)
     expected = _reference(q, k, v, padding, 0.25, False, 8, keep, p)
-    assert _close(got, expected)
+    assert relatively_close(got, expected)
     for got_grad, expected_grad in zip(got_grads, torch.autograd.grad(expected, (q, k, v), grad)):
-        assert _close(got_grad, expected_grad)
+        assert relatively_close(got_grad, expected_grad)
 
 
 def test_the_module_keeps_its_other_paths_where_the_kernel_does_not_apply(fused):

@@ -23,20 +23,35 @@ Curve = Dict[int, float]  # epoch -> validation loss (base 2)
 
 
 def read_pair(path: Path, softmax_row: str, method_row: str, seed: str) -> Tuple[Curve, Curve]:
-    """Softmax's and the method's validation loss per epoch from a curves CSV (one seed of each)."""
+    """Softmax's and the method's validation loss per epoch from a curves CSV (one seed of each). A row
+    is ``ROW`` or ``ROW@RUN``: a model trained again by the same command has a curve per run, and
+    which one to read must be named."""
     if not path.is_file():
         sys.exit(f"loss_gaps: error: no such curves file: {path}")
-    curves: Dict[str, Curve] = {softmax_row: {}, method_row: {}}
+    return read_curve(path, softmax_row, seed), read_curve(path, method_row, seed)
+
+
+def read_curve(path: Path, row_and_run: str, seed: str) -> Curve:
+    row, _, wanted = row_and_run.partition("@")
+    runs: Dict[int, Curve] = {}
     for line in read_curves(path):
-        if line["row"] in curves and str(line["seed"]) == seed:
-            if line["epoch"] in curves[line["row"]]:
-                sys.exit(f"loss_gaps: error: {path} has two curves for row {line['row']!r}, seed {seed} "
+        if line["row"] == row and str(line["seed"]) == seed:
+            curve = runs.setdefault(line["run"], {})
+            if line["epoch"] in curve:
+                sys.exit(f"loss_gaps: error: {path} has two curves for row {row!r}, seed {seed} "
                          "(a table of several datasets?)")
-            curves[line["row"]][line["epoch"]] = line["valid_loss"]
-    for row, curve in curves.items():
-        if not curve:
-            sys.exit(f"loss_gaps: error: {path} has no curve for row {row!r}, seed {seed}")
-    return curves[softmax_row], curves[method_row]
+            curve[line["epoch"]] = line["valid_loss"]
+    if not runs:
+        sys.exit(f"loss_gaps: error: {path} has no curve for row {row!r}, seed {seed}")
+    if not wanted:
+        if len(runs) > 1:
+            sys.exit(f"loss_gaps: error: {path} has {len(runs)} runs of row {row!r}, seed {seed} (its command "
+                     f"trained again): name one as {row}@RUN, RUN one of {', '.join(map(str, sorted(runs)))}")
+        return next(iter(runs.values()))
+    if not wanted.isdigit() or int(wanted) not in runs:
+        sys.exit(f"loss_gaps: error: {path} has no run {wanted!r} of row {row!r}, seed {seed} "
+                 f"(it has {', '.join(map(str, sorted(runs)))})")
+    return runs[int(wanted)]
 
 
 def gaps(softmax: Curve, method: Curve) -> List[Tuple[int, float, float]]:
@@ -58,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fairseq_sparse.experiments.loss_gaps",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", nargs=4, required=True, metavar=("CURVES", "SOFTMAX_ROW", "METHOD_ROW", "SEED"),
-                        help="the pair whose gap is read at every epoch")
+                        help="the pair whose gap is read at every epoch (a row: ROW or ROW@RUN)")
     parser.add_argument("--against", nargs=4, action="append", required=True,
                         metavar=("CURVES", "SOFTMAX_ROW", "METHOD_ROW", "SEED"),
                         help="a reference pair, read at the same softmax loss (repeat for several)")

@@ -173,12 +173,14 @@ def read_cells(path: Path) -> Dict[Cell, Recorded]:
 
 
 def read_curves(path: Path) -> List[dict]:
-    """The lines of a table's ``NAME.curves.csv`` (dataset, row, seed, model, epoch, valid_loss,
-    train_loss: None where the file predates it or the log had none); none without the file."""
+    """The lines of a table's ``NAME.curves.csv`` (dataset, row, seed, run, model, epoch, valid_loss,
+    train_loss: None where the file predates it or the log had none; run 1 where the file predates
+    it); none without the file."""
     if not path.is_file():
         return []
     with open(path, encoding="utf-8") as f:
-        return [dict(line, seed=int(line["seed"]), epoch=int(line["epoch"]), valid_loss=float(line["valid_loss"]),
+        return [dict(line, seed=int(line["seed"]), run=int(line.get("run") or 1), epoch=int(line["epoch"]),
+                     valid_loss=float(line["valid_loss"]),
                      train_loss=float(line["train_loss"]) if line.get("train_loss") else None)
                 for line in csv.DictReader(f) if line.get("model")]
 
@@ -188,10 +190,12 @@ def fill_from_curves(plan: "Plan", record: Record) -> int:
     answer: a column added after a model's training log was lost is read from the curve kept for that
     model (by its directory's name: the same training arguments) instead of training it again; a row
     that never validates after that epoch (--disable-validation, fewer epochs) has no number there. Only
-    an epoch the curve has: a curve may have been kept from a run still training. Returns how many."""
-    curves: Dict[Tuple[str, str], Dict[int, float]] = {}
+    an epoch the curve has: a curve may have been kept from a run still training. Of a model trained
+    more than once, the latest run answers, whole. Returns how many."""
+    runs: Dict[Tuple[str, str], Dict[int, Dict[int, float]]] = {}
     for line in record.curves():
-        curves.setdefault((line["dataset"], line["model"]), {})[line["epoch"]] = line["valid_loss"]
+        runs.setdefault((line["dataset"], line["model"]), {}).setdefault(line["run"], {})[line["epoch"]] = line["valid_loss"]
+    curves = {model: by_run[max(by_run)] for model, by_run in runs.items()}
     filled = 0
     for col in [c for c in plan.table.columns if c.measure in EPOCH_MEASURES]:
         ds = plan.table.datasets[col.dataset]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from fairseq_sparse.analysis.report import pyplot
 from fairseq_sparse.experiments.cells import Results
@@ -131,15 +131,43 @@ def heatmap_dir(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
     return record.heatmap_dir if record and record.has_heatmap() else None
 
 
-# train_loss: the epoch's mean training loss (empty in curves recorded before it was kept)
-CURVE_FIELDS = ["dataset", "row", "seed", "model", "epoch", "valid_loss", "train_loss"]
+# train_loss: the epoch's mean training loss (empty in curves recorded before it was kept); run: 1 for
+# a model's first training, 2, 3, ... for each time the same command trained it again from scratch
+CURVE_FIELDS = ["dataset", "row", "seed", "run", "model", "epoch", "valid_loss", "train_loss"]
+
+
+def continues(recorded: Dict[int, float], logged: Dict[int, float]) -> bool:
+    """Whether a training log is the recorded run itself (resumed or still going), not the same command
+    trained again: the two agree on every epoch both have, except the recorded curve's last, which a run
+    killed after validating but before saving its checkpoint validates again when it resumes."""
+    last = max(recorded)
+    return all(logged[e] == loss for e, loss in recorded.items() if e in logged and e != last)
+
+
+def model_runs(kept: List[dict], logged: List[dict]) -> List[dict]:
+    """Every run of one model (one training command) as curve lines: the recorded runs, the training log
+    extending the run it continues (never two runs spliced: a shorter log keeps that run's recorded
+    curve) or added as the next run. A continuation needs the model again after its checkpoints were
+    lost, so the same command trains twice; the first run's curve stays beside the cells measured from
+    it, and the second's shows how far a rerun moves."""
+    runs: Dict[int, List[dict]] = {}
+    for line in kept:
+        runs.setdefault(line["run"], []).append(line)
+    if logged:
+        curve = {line["epoch"]: line["valid_loss"] for line in logged}
+        same = [r for r, lines in runs.items() if continues({l["epoch"]: l["valid_loss"] for l in lines}, curve)]
+        run = same[-1] if same else max(runs, default=0) + 1
+        if len(logged) >= len(runs.get(run, [])):
+            runs[run] = logged
+    return [{**line, "run": run} for run in sorted(runs) for line in runs[run]]
 
 
 def write_curves(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
     """NAME.curves.png and .csv: each trained model's validation loss per epoch (what shows a run
     converged; the .csv also its training loss), one colour per row, one line style per seed; None if
     no model has validated yet.
-    A model whose log this machine no longer has keeps the curve recorded for it (same run directory name)."""
+    A model whose log this machine no longer has keeps the curve recorded for it (same run directory
+    name), and one trained again from scratch keeps both runs (``model_runs``)."""
     table, records, seen = plan.table, [], set()
     kept = record.curves() if record else []
     for ds in [table.datasets[i] for i in dict.fromkeys(c.dataset for c in table.columns)]:
@@ -153,10 +181,7 @@ def write_curves(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
                 logged = [{"dataset": ds.id, "row": plan.trained_row(row).id, "seed": seed, "model": run.name, "epoch": epoch,
                            "valid_loss": loss, "train_loss": trained.get(epoch)}
                           for epoch, loss in sorted(valid_loss_per_epoch(run / "train.log").items())]
-                recorded = [r for r in kept if (r["dataset"], r["model"]) == (ds.id, run.name)]
-                # one run's whole curve, never two spliced: a model trained again after its log was lost
-                # (a continuation needs it) keeps the recorded curve until its own is as long
-                records += logged if len(logged) >= len(recorded) else recorded
+                records += model_runs([r for r in kept if (r["dataset"], r["model"]) == (ds.id, run.name)], logged)
     if not records:
         return None
     with open(plan.out / f"{table.name}.curves.csv", "w", encoding="utf-8", newline="") as f:
@@ -167,10 +192,12 @@ def write_curves(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     rows = list(dict.fromkeys(r["row"] for r in records))
     seeds = sorted({r["seed"] for r in records})
-    for key in dict.fromkeys((r["dataset"], r["row"], r["seed"]) for r in records):
-        points = [(r["epoch"], r["valid_loss"]) for r in records if (r["dataset"], r["row"], r["seed"]) == key]
+    for key in dict.fromkeys((r["dataset"], r["row"], r["seed"], r["run"]) for r in records):
+        points = [(r["epoch"], r["valid_loss"]) for r in records if (r["dataset"], r["row"], r["seed"], r["run"]) == key]
         ax.plot(*zip(*points), color=f"C{rows.index(key[1]) % 10}", linestyle=["-", "--", ":", "-."][seeds.index(key[2]) % 4],
-                label=f"{key[1]} (seed {key[2]})" + (f", {key[0]}" if len(table.datasets) > 1 else ""))
+                alpha=1.0 if key[3] == 1 else 0.5,
+                label=f"{key[1]} (seed {key[2]}{f', run {key[3]}' if key[3] > 1 else ''})"
+                      + (f", {key[0]}" if len(table.datasets) > 1 else ""))
     ax.set_xlabel("epoch")
     ax.set_ylabel("validation loss (base 2)")
     ax.set_title(table.name, fontsize=9)

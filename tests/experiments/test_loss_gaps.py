@@ -54,3 +54,27 @@ def test_a_missing_file_or_curve_or_an_ambiguous_one_is_one_line(tmp_path):
         f.write("e,softmax,1,softmax-y,1,6.5,\n")
     with pytest.raises(SystemExit, match="two curves for row 'softmax', seed 1"):
         main(["--pair", str(tmp_path / "c.csv"), "softmax", "hard", "1", "--against", str(tmp_path / "c.csv"), "softmax", "hard", "1"])
+
+
+def test_a_row_trained_twice_by_one_command_is_read_by_the_run_it_names(tmp_path):
+    """A continuation that needs a model whose checkpoints were lost trains its command again: the curves
+    hold both runs, and reading the row without naming one of them is refused rather than guessed."""
+    rerun = {1: 6.0, 2: 5.2, 3: 4.2}  # gaps 1.0, 0.3, 0.1 against the method
+    write_curves(tmp_path / "c.csv", {("softmax", "1"): SOFTMAX, ("hard", "1"): METHOD})
+    with open(tmp_path / "c.csv", newline="") as f:
+        lines = [dict(line, run="1") for line in csv.DictReader(f)]
+    lines += [{"dataset": "d", "row": "softmax", "seed": "1", "run": "2", "model": "softmax-x", "epoch": e,
+               "valid_loss": loss, "train_loss": ""} for e, loss in rerun.items()]
+    with open(tmp_path / "c.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["dataset", "row", "seed", "run", "model", "epoch", "valid_loss", "train_loss"])
+        writer.writeheader()
+        writer.writerows(lines)
+    against = ["--against", str(tmp_path / "c.csv"), "softmax@1", "hard", "1"]
+    with pytest.raises(SystemExit, match=r"2 runs of row 'softmax', seed 1 .*softmax@RUN, RUN one of 1, 2"):
+        main(["--pair", str(tmp_path / "c.csv"), "softmax", "hard", "1"] + against)
+    with pytest.raises(SystemExit, match="no run '3' of row 'softmax'"):
+        main(["--pair", str(tmp_path / "c.csv"), "softmax@3", "hard", "1"] + against)
+    assert [gap for _, _, gap, _ in main(["--pair", str(tmp_path / "c.csv"), "softmax@1", "hard", "1"] + against)] \
+        == pytest.approx([1.0, 0.5, 0.3])
+    assert [gap for _, _, gap, _ in main(["--pair", str(tmp_path / "c.csv"), "softmax@2", "hard", "1"] + against)] \
+        == pytest.approx([1.0, 0.3, 0.1])

@@ -439,15 +439,34 @@ def test_curves_plot_every_models_validation_loss_per_epoch(configs, tmp_path):
     with open(plan.out / "t.curves.csv", encoding="utf-8") as f:
         assert [(r["seed"], r["epoch"], r["valid_loss"], r["train_loss"]) for r in csv.DictReader(f)] == [
             ("1", "1", "7.5", "8.25"), ("1", "2", "6.0", "6.5"), ("1", "3", "5.5", ""), ("2", "1", "8.5", "")]
-    # a model trained again after its log was lost, its log shorter than the recorded curve, keeps the
-    # recorded curve whole (never two runs spliced) until its own is as long
+    # a model trained again after its log was lost (a continuation needs it) is another run of the same
+    # command: the recorded run stays whole as run 1, beside the cells measured from it, and the log is
+    # run 2, never the two spliced; the next sitting's log extends run 2 only
     name = plan.run_dir(ds, a, 1).name
+    first = [(1, 7.25), (2, 6.5), (3, 5.75), (4, 5.25)]
     (results / "t.curves.csv").write_text("dataset,row,seed,model,epoch,valid_loss\n" + "".join(
-        f"iwslt14_de_en,a,1,{name},{e},{v}\n" for e, v in [(1, 7.25), (2, 6.5), (3, 5.75), (4, 5.25)]))
+        f"iwslt14_de_en,a,1,{name},{e},{v}\n" for e, v in first))
+
+    def runs_written():
+        with open(plan.out / "t.curves.csv", encoding="utf-8") as f:
+            return [(r["run"], r["epoch"], r["valid_loss"]) for r in csv.DictReader(f) if r["seed"] == "1"]
+
     write_curves(plan, Record(results, "t"))
-    with open(plan.out / "t.curves.csv", encoding="utf-8") as f:
-        assert [(r["epoch"], r["valid_loss"]) for r in csv.DictReader(f)] == [
-            ("1", "7.25"), ("2", "6.5"), ("3", "5.75"), ("4", "5.25")]
+    rerun = [("2", "1", "7.5"), ("2", "2", "6.0"), ("2", "3", "5.5")]
+    assert runs_written() == [("1", str(e), str(v)) for e, v in first] + rerun
+    shutil.copy(plan.out / "t.curves.csv", results / "t.curves.csv")  # the record of the next sitting
+    with open(log, "a", encoding="utf-8") as f:
+        f.write("epoch 004 | valid on 'valid' subset | loss 5.0 | nll_loss 1\n")
+    write_curves(plan, Record(results, "t"))
+    assert runs_written() == [("1", str(e), str(v)) for e, v in first] + rerun + [("2", "4", "5.0")]
+    # the recorded run resumed: its log agrees with the curve (its last epoch, validated again after a kill
+    # before the checkpoint was saved, may differ) and extends it in place
+    log.write_text("".join(f"epoch {e:03d} | valid on 'valid' subset | loss {v} | nll_loss 1\n"
+                           for e, v in [(1, 7.25), (2, 6.5), (3, 5.75), (4, 5.0), (5, 4.75)]))
+    (results / "t.curves.csv").write_text("dataset,row,seed,model,epoch,valid_loss\n" + "".join(
+        f"iwslt14_de_en,a,1,{name},{e},{v}\n" for e, v in first))
+    write_curves(plan, Record(results, "t"))
+    assert runs_written() == [("1", "1", "7.25"), ("1", "2", "6.5"), ("1", "3", "5.75"), ("1", "4", "5.0"), ("1", "5", "4.75")]
     with pytest.raises(ConfigError, match="curves must be true or false"):
         load_table(write_table(configs, GOOD + "curves: sometimes\n"), "smoke", configs)
 

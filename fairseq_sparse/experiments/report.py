@@ -167,12 +167,15 @@ def write_curves(plan: Plan, record: Optional[Record] = None) -> Optional[Path]:
     converged; the .csv also its training loss), one colour per row, one line style per seed; None if
     no model has validated yet.
     A model whose log this machine no longer has keeps the curve recorded for it (same run directory
-    name), and one trained again from scratch keeps both runs (``model_runs``)."""
+    name), and one trained again from scratch keeps both runs (``model_runs``). A recorded curve of a
+    seed this run does not plan (``--seeds 2`` of a few rows of a table planned for seed 1) is kept too:
+    rendering the report never loses a curve of the record."""
     table, records, seen = plan.table, [], set()
     kept = record.curves() if record else []
     for ds in [table.datasets[i] for i in dict.fromkeys(c.dataset for c in table.columns)]:
+        seeds = sorted(set(plan.seeds(ds)) | {r["seed"] for r in kept if r["dataset"] == ds.id})
         for row in [r for r in table.rows if plan.applies(ds, r)]:
-            for seed in plan.seeds(ds):
+            for seed in seeds:
                 run = plan.run_dir(ds, row, seed)
                 if run in seen:  # a row that reuses another's model
                     continue

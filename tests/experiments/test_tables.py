@@ -439,6 +439,11 @@ def test_curves_plot_every_models_validation_loss_per_epoch(configs, tmp_path):
     with open(plan.out / "t.curves.csv", encoding="utf-8") as f:
         assert [(r["seed"], r["epoch"], r["valid_loss"], r["train_loss"]) for r in csv.DictReader(f)] == [
             ("1", "1", "7.5", "8.25"), ("1", "2", "6.0", "6.5"), ("1", "3", "5.5", ""), ("2", "1", "8.5", "")]
+    # a recorded curve of a seed this run does not plan (seed 2 of a few rows, run with --seeds 2) stays
+    only_seed_1 = tables.Plan(plan.table, tmp_path / "t", tmp_path / "data", None, seeds=[1], models_root=tmp_path / "models")
+    write_curves(only_seed_1, Record(results, "t"))
+    with open(plan.out / "t.curves.csv", encoding="utf-8") as f:
+        assert [(r["seed"], r["epoch"]) for r in csv.DictReader(f)] == [("1", "1"), ("1", "2"), ("1", "3"), ("2", "1")]
     # a model trained again after its log was lost (a continuation needs it) is another run of the same
     # command: the recorded run stays whole as run 1, beside the cells measured from it, and the log is
     # run 2, never the two spliced; the next sitting's log extends run 2 only

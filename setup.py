@@ -37,6 +37,8 @@ INSTALL_REQUIRES = [
     "hanta>=1.2",
     # fairseq-train --tensorboard-logdir; without it fairseq also prints "Please install tensorboardX" on import
     "tensorboardX>=2.5",
+    # the table runner's Slurm launcher (python -m fairseq_sparse.tables ... --launcher slurm)
+    "submitit>=1.5,<2",
 ]
 
 

@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from fairseq_sparse.experiments.errors import ConfigError, RecordError, StepError
 from fairseq_sparse.files import describe_os_error
@@ -31,6 +31,12 @@ from fairseq_sparse.experiments.cells import collect
 from fairseq_sparse.experiments.report import write_report
 from fairseq_sparse.experiments.dry_run import dry_run
 from fairseq_sparse.experiments.runner import TableRun, execute_tables
+from fairseq_sparse.experiments import cluster
+from fairseq_sparse.experiments.resources import resources_for
+from fairseq_sparse.processes.slurm import SlurmError
+
+# the options only the Slurm launcher takes
+CLUSTER_OPTIONS = ("partition", "account", "qos", "time", "nodes", "gpus", "cpus", "mem", "constraint", "sbatch")
 from fairseq_sparse.experiments.schema import PROFILES, load_table, resolve_config, table_names
 
 
@@ -63,6 +69,34 @@ def build_parser() -> argparse.ArgumentParser:
                         "speed is an idle machine's. Training times are then those of a shared machine "
                         "(default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="build and parse every command, run nothing")
+    p.add_argument("--status", action="store_true",
+                   help="run nothing; list each step as done, queued, running, failed (with its log), cancelled, stopped "
+                        "or not started, a running step's progress, and how many are left (either launcher)")
+    p.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                   help="local: run the commands on this machine (--jobs at once); slurm: submit every step as a job "
+                        "of a Slurm cluster, with dependencies that follow the plan, and follow them (default: %(default)s)")
+    cluster = p.add_argument_group(
+        "on a Slurm cluster (--launcher slurm)",
+        "Resources per kind of step: prep, train, finish (averaging, decodes, analyses), timed (a decode whose time a "
+        "column reads: a node of its own), report. Each option takes VALUE (every kind) or KIND=VALUE, and repeats; "
+        "they replace the table YAML's slurm: section, which replaces the profile's defaults (docs/tables.md).")
+    for name, meta, what in (("partition", "[KIND=]NAME", "partition"), ("account", "[KIND=]NAME", "account to charge"),
+                             ("qos", "[KIND=]NAME", "quality of service"),
+                             ("time", "[KIND=]TIME", "time limit (HH:MM:SS or D-HH:MM:SS; a training is requeued "
+                                                     "from its last checkpoint at its limit)"),
+                             ("nodes", "[KIND=]N", "nodes per job (trainings only)"),
+                             ("gpus", "[KIND=]N", "GPUs per node; a training on several GPUs runs one fairseq "
+                                                  "process per GPU with --update-freq kept at the setting's tokens per "
+                                                  "update"),
+                             ("cpus", "[KIND=]N", "CPUs per job and node"), ("mem", "[KIND=]SIZE", "memory per node (e.g. 64G)"),
+                             ("constraint", "[KIND=]FEATURES", "node features"),
+                             ("sbatch", "[KIND=]--OPTION=VALUE", "any other sbatch option, passed as given (write "
+                                                                 "--sbatch=--mail-type=END)")):
+        cluster.add_argument(f"--{name}", action="append", metavar=meta, help=what)
+    cluster.add_argument("--detach", action="store_true",
+                         help="submit and return: a last job writes the reports; --status says where the table stands")
+    cluster.add_argument("--poll", type=float, default=30.0, metavar="SECONDS",
+                         help="how often the launcher looks at the queue while it follows the jobs (default: %(default)s)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing; write the report from the commands that have finished (cells count the seeds that did)")
     return p
@@ -76,6 +110,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     raw = args.raw_data or os.environ.get("RAW_DATA")
     try:
+        if args.launcher != "slurm":
+            given = [f"--{name}" for name in (*CLUSTER_OPTIONS, "detach") if getattr(args, name)]
+            if given or args.poll != 30.0:
+                raise ConfigError(f"{(given or ['--poll'])[0]} is an option of the Slurm launcher: add --launcher slurm")
+        elif args.jobs != 1:
+            raise ConfigError("--jobs is the local runner's: on a cluster every step is a job of its own")
+        if args.poll <= 0:
+            raise ConfigError(f"--poll must be a positive number of seconds, got {args.poll}")
         if args.out and len(args.config) > 1:
             raise ConfigError(f"--out is one table's folder; {len(args.config)} tables were given (leave --out out)")
         if args.record and Path(args.record).exists() and not Path(args.record).is_dir():
@@ -103,8 +145,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for plan, _, run in runs:
                 dry_run(plan, run.steps)
             return 0
+        if args.status:
+            return cluster.print_status([run for _, _, run in runs])
+        unfinished = []
         if args.report_only:
             failures = [set() for _ in runs]
+        elif args.launcher == "slurm":
+            options = {name: getattr(args, name) for name in CLUSTER_OPTIONS}
+            launch = cluster.Launch([resources_for(args.profile, plan.table.slurm, str(plan.table.path), options)
+                                     for plan, _, _ in runs], args.poll, args.detach, report_argv(args))
+            failures, unfinished = cluster.launch_tables([run for _, _, run in runs], launch)
+            if args.detach:
+                return 0
         else:
             failures = execute_tables([run for _, _, run in runs], args.jobs)
         reports = []
@@ -116,13 +168,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if record:
                 record.save()
                 publish(plan, record)
-    except (ConfigError, RecordError, StepError) as e:
+    except (ConfigError, RecordError, StepError, SlurmError) as e:
         print(f"tables: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:   # a full disk, a read-only folder: the path and the system's words, no traceback
         print(f"tables: error: {describe_os_error(e)}", file=sys.stderr)
         return 1
     status = 0
+    for label, state, log in unfinished:
+        print(f"tables: error: {label}: {state}" + (f"; log: {log}" if state == "failed" else ""), file=sys.stderr)
+        status = 1
     for table, results, md in reports:
         print()
         print(md.read_text(encoding="utf-8"))
@@ -132,6 +187,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"tables: error: these rows of {table.name} failed: {', '.join(unexpected)} (logs above)", file=sys.stderr)
             status = 1
     return status
+
+
+def report_argv(args: argparse.Namespace) -> List[str]:
+    """The command line that writes the same tables' reports from what finished (a detached launch's last job)."""
+    argv = [*args.config, "--profile", args.profile, "--data-root", str(Path(args.data_root).resolve()),
+            "--models-root", str(Path(args.models_root).resolve()), "--report-only"]
+    if args.out:
+        argv += ["--out", str(Path(args.out).resolve())]
+    if args.record:
+        argv += ["--record", str(Path(args.record).resolve())]
+    if args.raw_data or os.environ.get("RAW_DATA"):
+        argv += ["--raw-data", str(Path(args.raw_data or os.environ["RAW_DATA"]).expanduser().resolve())]
+    if args.rows:
+        argv += ["--rows", *args.rows]
+    if args.seeds:
+        argv += ["--seeds", *map(str, args.seeds)]
+    return argv
 
 
 def report_so_far(plan: Plan, record: Optional[Record]) -> None:

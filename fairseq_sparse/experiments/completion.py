@@ -53,3 +53,18 @@ def proves_its_own_end(step: Step) -> bool:
     if step.kind == "average":
         return step.log.is_file() and "averaged " in step.log.read_text(encoding="utf-8", errors="replace")
     return False
+
+
+def locked(step: Step) -> bool:
+    """Whether a runner holds the step's lock now (it runs the step)."""
+    marker = completion_marker(step)
+    path = marker.with_name(f".{marker.name}.lock")
+    if not path.is_file():
+        return False
+    with open(path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return False

@@ -44,9 +44,12 @@ def _prefix(index: int, machine: Optional[SharedMachine]) -> str:
     return f"  [{index}] " if machine else "      "
 
 
-def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine] = None) -> float:
+def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine] = None,
+             child_setup: Optional[Callable[[], None]] = None, header: str = "") -> float:
     """Run one command, streaming its log to a file and its progress lines to the console
-    (prefixed with the step's number when ``machine`` runs it beside others)."""
+    (prefixed with the step's number when ``machine`` runs it beside others); ``child_setup`` runs in
+    the command's process before it starts (a Slurm job's command ignores the job's preemption signal);
+    ``header`` goes first into the log (where a timed step ran)."""
     step.log.parent.mkdir(parents=True, exist_ok=True)
     step.output.parent.mkdir(parents=True, exist_ok=True)
     print(f"[{index}/{total}] {step.label}", flush=True)
@@ -55,7 +58,7 @@ def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine
         if done(step):
             print(f"{prefix}finished meanwhile by another runner", flush=True)
             return 0.0
-        return _run_locked(step, prefix, machine)
+        return _run_locked(step, prefix, machine, child_setup, header)
 
 
 def _progress(prefix: str) -> Callable[[str], None]:
@@ -66,13 +69,15 @@ def _progress(prefix: str) -> Callable[[str], None]:
     return show
 
 
-def _run_locked(step: Step, prefix: str, machine: Optional[SharedMachine]) -> float:
+def _run_locked(step: Step, prefix: str, machine: Optional[SharedMachine],
+                child_setup: Optional[Callable[[], None]] = None, header: str = "") -> float:
     # the report says which training times are a shared machine's
     mark = f"{SIDE_BY_SIDE_MARK} (OMP_NUM_THREADS={machine.threads})\n" if machine and step.kind == "train" else ""
+    mark += header
     # a training run cut short resumes from its checkpoint_last.pt (fairseq's default): keep its log's
     # earlier epochs (validation losses, wall time) by appending
     finished = run_command(step.argv, step.log, append=step.kind == "train", header=mark, on_line=_progress(prefix),
-                           machine=machine)
+                           machine=machine, child_setup=child_setup)
     if finished.returncode != 0:
         raise StepError(f"{step.label} failed (exit status {finished.returncode}); command:\n  {shlex.join(step.argv)}\n"
                         f"last lines of {step.log}:\n{_tail(step.log)}")
@@ -112,13 +117,25 @@ class TableRun:
     listed: Optional[List[Step]] = None
 
 
-def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
-    """Run several tables' steps as one queue: the tables in the order given, each in its plan's order
-    as far as the steps' inputs allow, so with ``jobs`` > 1 the next table's trainings use the cores
-    that the last trainings of the one before leave idle. A model two tables share (the same training
-    command, the same output) trains once, and what reads it in either table waits for it. Trainings
-    cut short by an earlier run go first, and what finishes a trained model (``finishing_first``) goes
-    before new trainings. Returns each table's failed models, as ``execute`` does."""
+@dataclass
+class Queue:
+    """Several tables' steps not done yet, each once, in the order they run (``queue``); which tables own each
+    output (``owners``, so a step that finishes updates each table's report); and per table its name of a
+    model -> the queue's (``names``: two tables may give one model two names, or two models one name)."""
+
+    steps: List[Step]
+    owners: Dict[Path, List[int]]
+    names: List[Dict[tuple, tuple]]
+
+    def failed_models(self, failed: set) -> List[set]:
+        """Each table's models (its own names) among the queue's ``failed``."""
+        return [{model for model, name in table_names.items() if name in failed} for table_names in self.names]
+
+
+def build_queue(tables: List[TableRun]) -> Queue:
+    """The steps of several tables that are not done, as one queue (both launchers run this): the tables in
+    the order given, each in its plan's order; a model two tables share (the same training command, the same
+    output) once; trainings cut short by an earlier run first. Writes each table's commands.sh."""
     queue: List[Step] = []
     owners: Dict[Path, List[int]] = {}  # a step's output -> the tables it belongs to
     shared: Dict[Path, tuple] = {}  # a training's output -> the one name its model has in the queue
@@ -142,9 +159,19 @@ def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
             owners.setdefault(s.output, []).append(t)
     # a training a sitting cut short goes on before new ones start: half-trained models finish first
     queue.sort(key=lambda s: s.kind != "prep" and not (s.resumes_from and s.resumes_from.exists()))
+    return Queue(queue, owners, names)
+
+
+def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
+    """Run several tables' steps as one queue (``build_queue``): with ``jobs`` > 1 the next table's
+    trainings use the cores that the last trainings of the one before leave idle, and what finishes a
+    trained model (``finishing_first``) goes before new trainings. Returns each table's failed models, as
+    ``execute`` does."""
+    built = build_queue(tables)
+    queue = built.steps
 
     def finished(step: Step) -> None:
-        for t in owners[step.output]:
+        for t in built.owners[step.output]:
             tables[t].finished()
 
     failed: set = set()
@@ -160,7 +187,7 @@ def execute_tables(tables: List[TableRun], jobs: int = 1) -> List[set]:
                 if not skipped(step, i, len(queue), failed):
                     run_or_record_failure(step, i, len(queue), failed)
                     finished(step)
-    return [{model for model, name in table_names.items() if name in failed} for table_names in names]
+    return built.failed_models(failed)
 
 
 def write_commands(plan: Plan, steps: List[Step]) -> None:

@@ -208,6 +208,6 @@ def load_table(path: Path, profile: str, configs: Path = CONFIGS) -> Table:
             raise ConfigError(f"{path}: heatmap needs 'dataset' (one of the table's) and 'rows' (row ids)")
     return Table(name=table_yaml["name"], title=table_yaml["title"], source=table_yaml.get("source", ""), notes=table_yaml.get("notes", "") or "",
                  profile=profile, datasets=datasets, columns=columns, rows=rows, smoke=smoke, plot=plot, path=path,
-                 settings=settings, heatmap=heatmap, curves=curves)
+                 settings=settings, heatmap=heatmap, curves=curves, slurm=table_yaml.get("slurm"))
 
 

@@ -86,6 +86,7 @@ class Table:
     heatmap: Optional[dict] = None
     settings: Dict[str, dict] = field(default_factory=dict)
     curves: bool = False  # the report plots each model's validation loss per epoch (training to convergence)
+    slurm: Optional[dict] = None  # resources per kind of step on a Slurm cluster (experiments/resources.py)
 
     def row(self, row_id: str) -> Row:
         return next(r for r in self.rows if r.id == row_id)

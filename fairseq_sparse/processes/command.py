@@ -34,24 +34,28 @@ def _ignore(line: str) -> None:
     """The default of ``on_line``: a line only goes to the log."""
 
 
-def start(argv: List[str], env: Optional[Dict[str, str]], stderr_log: Optional[Path]) -> subprocess.Popen:
-    """Start ``argv`` with its output on a pipe: its error output too, or into ``stderr_log``."""
+def start(argv: List[str], env: Optional[Dict[str, str]], stderr_log: Optional[Path],
+          child_setup: Optional[Callable[[], None]] = None) -> subprocess.Popen:
+    """Start ``argv`` with its output on a pipe: its error output too, or into ``stderr_log``;
+    ``child_setup`` runs in the child before the command (e.g. a signal it must ignore)."""
     if stderr_log is None:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                preexec_fn=child_setup)
     stderr_log.parent.mkdir(parents=True, exist_ok=True)
     with open(stderr_log, "w", encoding="utf-8") as errors:  # the command keeps its own copy of the file
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True, env=env, preexec_fn=child_setup)
 
 
 def run_command(argv: List[str], log: Path, *, env: Optional[Dict[str, str]] = None, stderr_log: Optional[Path] = None,
                 timeout: Optional[float] = None, append: bool = False, header: str = "",
-                on_line: Callable[[str], None] = _ignore, machine: Optional[SharedMachine] = None) -> Finished:
+                on_line: Callable[[str], None] = _ignore, machine: Optional[SharedMachine] = None,
+                child_setup: Optional[Callable[[], None]] = None) -> Finished:
     """Run ``argv`` to its end: ``header``, then each line of its output as it comes, written to ``log``
     (appended to it with ``append``) and handed to ``on_line``.
 
     Its error output goes into the same log unless ``stderr_log`` is given. It runs with ``env`` (default:
     this process's environment), or in a job slot of ``machine`` (its output always into the one log).
-    Past ``timeout`` seconds it is killed. Interrupted (Ctrl-C, kill), it ends the command before
+    ``child_setup`` runs in the child before the command. Past ``timeout`` seconds it is killed. Interrupted (Ctrl-C, kill), it ends the command before
     raising. A command that cannot start raises OSError.
     """
     started = time.perf_counter()
@@ -60,7 +64,7 @@ def run_command(argv: List[str], log: Path, *, env: Optional[Dict[str, str]] = N
     # log's last few kB, e.g. an epoch's validation line
     with open(log, "a" if append else "w", buffering=1, encoding="utf-8") as out:
         out.write(header)
-        proc = machine.launch(argv) if machine else start(argv, env, stderr_log)
+        proc = machine.launch(argv) if machine else start(argv, env, stderr_log, child_setup)
         expired = threading.Event()
         timer = threading.Timer(timeout, lambda: (expired.set(), proc.kill())) if timeout else None
         try:

@@ -176,7 +176,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     status = 0
     for label, state, log in unfinished:
-        print(f"tables: error: {label}: {state}" + (f"; log: {log}" if state == "failed" else ""), file=sys.stderr)
+        print(f"tables: error: {label}: {state}" + (f"; log: {log}" if state in ("failed", "stopped") else ""),
+              file=sys.stderr)
         status = 1
     for table, results, md in reports:
         print()

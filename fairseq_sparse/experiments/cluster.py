@@ -41,15 +41,14 @@ from submitit.helpers import Checkpointable
 from fairseq_sparse.experiments.arguments import merge_args, parse_flags
 from fairseq_sparse.experiments.completion import completion_marker, done, locked
 from fairseq_sparse.experiments.errors import ConfigError, StepError
+from fairseq_sparse.experiments.outputs import TIMED_ON_NODE_MARK
 from fairseq_sparse.experiments.plan import Step
-from fairseq_sparse.experiments.resources import Resources
+from fairseq_sparse.experiments.resources import KINDS, Resources
 from fairseq_sparse.experiments.runner import PROGRESS, Queue, TableRun, build_queue, run_step
 from fairseq_sparse.files import write_atomically
 from fairseq_sparse.processes import slurm
 from fairseq_sparse.processes.command import run_command
 
-# the first line of a timed step's log on a cluster: where it ran (the report names the node)
-TIMED_ON_NODE = "fairseq_sparse.tables: timed alone on node"
 # submitit asks for its signal this long before a training's time limit: time to requeue
 SIGNAL_BEFORE_LIMIT_S = 120
 # a training goes back to the queue at most this often at its time limit (a week-long run in 2-day slots
@@ -100,7 +99,7 @@ class StepJob(Checkpointable):
             return "ok"
         header = ""
         if self.step.runs_alone:
-            header = f"{TIMED_ON_NODE} {socket.gethostname()} (Slurm job {os.environ.get('SLURM_JOB_ID', '?')}, --exclusive)\n"
+            header = f"{TIMED_ON_NODE_MARK} {socket.gethostname()} (Slurm job {os.environ.get('SLURM_JOB_ID', '?')}, --exclusive)\n"
         run_step(self.step, self.index, self.total, child_setup=_ignore_preemption_signal, header=header)
         return "ok"
 
@@ -251,8 +250,9 @@ def submit(tables: List[TableRun], built: Queue, launch: Launch) -> List[Entry]:
 
 @dataclass
 class StepState:
-    """Where a step stands: done, queued, running, failed, cancelled, stopped (a local run cut short or
-    failed) or not started; with its job, node and Slurm's reason where a cluster runs it."""
+    """Where a step stands: done, queued, running, failed, cancelled (never ran: a step it needs did not
+    finish), stopped (cut short: cancelled while it ran; locally, a run cut short or failed) or not
+    started; with its job, node and Slurm's reason where a cluster runs it."""
 
     state: str
     job: Optional[str] = None
@@ -274,8 +274,9 @@ def state_of(step: Step, job: Optional[str], states: Dict[str, slurm.JobState], 
         if js.active:
             return StepState("running", job, js.node)
         started = folder is not None and any((folder / job).glob("*_log.out"))
-        if js.state == "CANCELLED" and not started:
-            return StepState("cancelled", job, js.node, js.reason or "a step it needs failed")
+        if js.state == "CANCELLED":  # by scancel while it ran (cut short), or by Slurm before: what it needs failed
+            return (StepState("stopped", job, js.node, "cancelled while it ran") if started else
+                    StepState("cancelled", job, js.node, js.reason or "a step it needs did not finish"))
         if js.state == "UNKNOWN":
             return StepState("failed" if started else "cancelled", job, "", "Slurm no longer remembers the job")
         return StepState("failed", job, js.node, js.state.lower() + (f": {js.reason}" if js.reason else ""))
@@ -311,9 +312,9 @@ def follow(entries: List[Entry], poll_seconds: float, finished: Callable[[Step],
                 if st.state == "done":
                     print(f"[{e.index}/{total}] {e.step.label}: done (job {e.job})", flush=True)
                     finished(e.step)
-                elif st.state == "failed":
-                    print(f"[{e.index}/{total}] {e.step.label}: FAILED (job {e.job}, {st.reason}); log: {e.step.log}",
-                          flush=True)
+                elif st.state in ("failed", "stopped"):
+                    print(f"[{e.index}/{total}] {e.step.label}: {st.state.upper()} (job {e.job}, {st.reason}); "
+                          f"log: {e.step.log}", flush=True)
                 elif st.state == "cancelled":
                     print(f"[{e.index}/{total}] {e.step.label}: cancelled (job {e.job}: {st.reason})", flush=True)
                 else:
@@ -368,13 +369,10 @@ def launch_tables(tables: List[TableRun], launch: Launch) -> tuple:
     failed models (as ``runner.execute_tables``) and the steps that did not finish (label, state, log)."""
     slurm.require_commands()
     with _launch_lock(tables[0].plan.models_root.parent):
+        # every request is checked, whatever is left to run: a wrong one is said before it matters
+        check_cluster({(run.plan.table.name, kind): launch.resources[t][kind]
+                       for t, run in enumerate(tables) for kind in KINDS if kind != "report" or launch.detach})
         built = build_queue(tables)
-        requests = {(tables[built.owners[s.output][0]].plan.table.name, kind_of(s)):
-                    launch.resources[built.owners[s.output][0]][kind_of(s)] for s in built.steps}
-        if launch.detach and built.steps:
-            requests[(tables[0].plan.table.name, "report")] = launch.resources[0]["report"]
-        if built.steps:
-            check_cluster(requests)
         entries = submit(tables, built, launch)
     if launch.detach:
         if entries:
@@ -388,7 +386,7 @@ def launch_tables(tables: List[TableRun], launch: Launch) -> tuple:
             tables[t].finished()
 
     unfinished = follow(entries, launch.poll_seconds, finished)
-    failures = [(e.step.label, e.said, str(e.step.log)) for e in unfinished]
+    failures = [(e.step.label, e.said.split(" on ")[0], str(e.step.log)) for e in unfinished]
     return built.failed_models(failed_models(entries, unfinished)), failures
 
 

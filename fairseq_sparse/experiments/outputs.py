@@ -103,6 +103,19 @@ def training_seconds(log: Path) -> float:
 SIDE_BY_SIDE_MARK = "fairseq_sparse.tables: this leg trained side by side with other jobs"
 
 
+# the Slurm launcher's first line in the log of a step whose running time a column reads (a decode speed)
+TIMED_ON_NODE_MARK = "fairseq_sparse.tables: timed alone on node"
+
+
+def timed_on_node(log: Path) -> str:
+    """The cluster node a timed step ran on, alone (``--exclusive``), or "" where it ran on this machine."""
+    if not log.is_file():
+        return ""
+    with open(log, encoding="utf-8", errors="replace") as f:
+        first = f.readline()
+    return first[len(TIMED_ON_NODE_MARK):].split()[0] if first.startswith(TIMED_ON_NODE_MARK) else ""
+
+
 def trained_side_by_side(log: Path) -> bool:
     """Whether any leg of the run shared the machine with other trainings (its clock then ran slower)."""
     return log.is_file() and SIDE_BY_SIDE_MARK in log.read_text(encoding="utf-8", errors="replace")

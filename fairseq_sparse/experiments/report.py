@@ -10,7 +10,8 @@ from fairseq_sparse.analysis.report import pyplot
 from fairseq_sparse.experiments.cells import Results
 from fairseq_sparse.experiments.heatmap import HEATMAP
 from fairseq_sparse.experiments.measures import MEASURES
-from fairseq_sparse.experiments.outputs import train_loss_per_epoch, trained_side_by_side, valid_loss_per_epoch
+from fairseq_sparse.experiments.outputs import (timed_on_node, train_loss_per_epoch, trained_side_by_side,
+                                                valid_loss_per_epoch)
 from fairseq_sparse.experiments.plan import Plan
 from fairseq_sparse.experiments.record import Record
 from fairseq_sparse.experiments.runner import relative_to_cwd
@@ -97,6 +98,10 @@ def write_report(plan: Plan, results: Results, record: Optional[Record] = None) 
     if shared:
         notes.append(f"- Trained side by side with other models (`--jobs`) for all or part of the run: {', '.join(shared)}. "
                      "Their training times are those of a shared machine, not comparable with those of models trained alone.")
+    nodes = [f"{step.label}: {node}" for step in plan.steps(every_seed=True) if step.runs_alone
+             for node in [timed_on_node(step.log)] if node]
+    if nodes:
+        notes.append("- Timed on a Slurm node of their own (`--exclusive`): " + "; ".join(nodes) + ".")
     if notes:
         lines += ["Notes:", *notes, ""]
     if table.notes.strip():

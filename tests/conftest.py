@@ -52,7 +52,7 @@ def bible(tmp_path_factory):
 # others after them in collection order (scripts/test.sh: --dist loadfile --no-loadscope-reorder;
 # xdist would otherwise order files by their number of tests, and a long file of few tests started
 # last keeps one worker busy alone at the end).
-LONGEST_FIRST = ["experiments/test_table_smoke_runs.py", "test_fairseq_features.py", "experiments/test_tables.py",
+LONGEST_FIRST = ["experiments/test_slurm_launcher.py", "experiments/test_table_smoke_runs.py", "test_fairseq_features.py", "experiments/test_tables.py",
                  "test_wheel_install.py", "test_end_to_end.py", "core/models/test_half_precision.py",
                  "core/models/test_distributed.py", "test_continue_training.py"]
 

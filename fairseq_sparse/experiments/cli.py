@@ -32,6 +32,7 @@ from fairseq_sparse.experiments.report import write_report
 from fairseq_sparse.experiments.dry_run import dry_run
 from fairseq_sparse.experiments.runner import TableRun, execute_tables
 from fairseq_sparse.experiments import cluster
+from fairseq_sparse.experiments.status import print_status
 from fairseq_sparse.experiments.resources import resources_for
 from fairseq_sparse.processes.slurm import SlurmError
 
@@ -146,7 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 dry_run(plan, run.steps)
             return 0
         if args.status:
-            return cluster.print_status([run for _, _, run in runs])
+            return print_status([run for _, _, run in runs])
         unfinished = []
         if args.report_only:
             failures = [set() for _ in runs]

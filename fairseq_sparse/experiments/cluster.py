@@ -33,18 +33,18 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
 import submitit
 from submitit.helpers import Checkpointable
 
 from fairseq_sparse.experiments.arguments import merge_args, parse_flags
-from fairseq_sparse.experiments.completion import completion_marker, done, locked
 from fairseq_sparse.experiments.errors import ConfigError, StepError
 from fairseq_sparse.experiments.outputs import TIMED_ON_NODE_MARK
 from fairseq_sparse.experiments.plan import Step
 from fairseq_sparse.experiments.resources import KINDS, Resources
 from fairseq_sparse.experiments.runner import PROGRESS, Queue, TableRun, build_queue, run_step
+from fairseq_sparse.experiments.status import job_file, recorded_job, state_of
 from fairseq_sparse.files import write_atomically
 from fairseq_sparse.processes import slurm
 from fairseq_sparse.processes.command import run_command
@@ -61,19 +61,6 @@ def kind_of(step: Step) -> str:
     if step.kind in ("prep", "train"):
         return step.kind
     return "timed" if step.runs_alone else "finish"
-
-
-def job_file(step: Step) -> Path:
-    """Where the id of the job that runs ``step`` is kept: beside its completion marker."""
-    marker = completion_marker(step)
-    return marker.with_name(f".{marker.name}.slurm-job")
-
-
-def recorded_job(step: Step) -> Optional[str]:
-    path = job_file(step)
-    if not path.is_file():
-        return None
-    return path.read_text(encoding="utf-8").strip() or None
 
 
 def _ignore_preemption_signal() -> None:
@@ -248,53 +235,6 @@ def submit(tables: List[TableRun], built: Queue, launch: Launch) -> List[Entry]:
     return entries
 
 
-@dataclass
-class StepState:
-    """Where a step stands: done, queued, running, failed, cancelled (never ran: a step it needs did not
-    finish), stopped (cut short: cancelled while it ran; locally, a run cut short or failed) or not
-    started; with its job, node and Slurm's reason where a cluster runs it."""
-
-    state: str
-    job: Optional[str] = None
-    node: str = ""
-    reason: str = ""
-
-    @property
-    def ended(self) -> bool:
-        return self.state not in ("queued", "running")
-
-
-def state_of(step: Step, job: Optional[str], states: Dict[str, slurm.JobState], folder: Optional[Path] = None) -> StepState:
-    if done(step):
-        return StepState("done", job)
-    if job and job in states:
-        js = states[job]
-        if js.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD"):
-            return StepState("queued", job, js.node, js.reason)
-        if js.active:
-            return StepState("running", job, js.node)
-        started = folder is not None and any((folder / job).glob("*_log.out"))
-        if js.state == "CANCELLED":  # by scancel while it ran (cut short), or by Slurm before: what it needs failed
-            return (StepState("stopped", job, js.node, "cancelled while it ran") if started else
-                    StepState("cancelled", job, js.node, js.reason or "a step it needs did not finish"))
-        if js.state == "UNKNOWN":
-            return StepState("failed" if started else "cancelled", job, "", "Slurm no longer remembers the job")
-        return StepState("failed", job, js.node, js.state.lower() + (f": {js.reason}" if js.reason else ""))
-    if locked(step):  # the local runner's lock
-        return StepState("running")
-    if step.log.is_file():
-        return StepState("stopped")
-    return StepState("not started")
-
-
-def last_progress(log: Path) -> str:
-    """The last progress line of a log (epochs, validation, decoding), as the local runner prints them."""
-    if not log.is_file():
-        return ""
-    lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if PROGRESS.search(line)]
-    return lines[-1].rstrip().split(" | ")[-1][:200] if lines else ""
-
-
 def follow(entries: List[Entry], poll_seconds: float, finished: Callable[[Step], None]) -> List[Entry]:
     """Print each step's changes and its progress lines until no job of the launch is queued or running;
     call ``finished`` for each step that ends done. Returns the entries that did not end done."""
@@ -385,46 +325,11 @@ def launch_tables(tables: List[TableRun], launch: Launch) -> tuple:
         for t in built.owners[step.output]:
             tables[t].finished()
 
-    unfinished = follow(entries, launch.poll_seconds, finished)
+    try:
+        unfinished = follow(entries, launch.poll_seconds, finished)
+    except KeyboardInterrupt:  # the jobs are the cluster's: they go on without the command that follows them
+        print("\nstopped following; the jobs go on. Where the table stands: the same command with --status; "
+              "the same command again follows them and writes the report", flush=True)
+        raise SystemExit(130)
     failures = [(e.step.label, e.said.split(" on ")[0], str(e.step.log)) for e in unfinished]
     return built.failed_models(failed_models(entries, unfinished)), failures
-
-
-def print_status(tables: List[TableRun]) -> int:
-    """``--status``: each step of the tables as done, queued, running, failed (with its log), cancelled,
-    stopped or not started, a running step's last progress line, and how many are left. Reads the
-    cluster where a step has a job, the local runner's locks and logs otherwise; runs nothing."""
-    rows = []
-    for run in tables:
-        steps = run.steps if run.needed is None else run.needed
-        jobs = {s.output: recorded_job(s) for s in steps}
-        ids = [j for j in jobs.values() if j]
-        states: Dict[str, slurm.JobState] = {}
-        if ids:
-            try:
-                states = slurm.job_states(ids)
-            except slurm.SlurmError as e:
-                print(f"tables: warning: the cluster does not answer ({e}); job states unknown", file=sys.stderr)
-        folder = run.plan.out / "slurm"
-        print(f"{run.plan.table.name} ({run.plan.table.profile}):")
-        left = 0
-        for i, step in enumerate(steps, 1):
-            st = state_of(step, jobs[step.output], states, folder)
-            left += st.state != "done"
-            where = f" job {st.job}" if st.job else ""
-            where += f" on {st.node}" if st.node and st.state == "running" else ""
-            detail = ""
-            if st.state in ("failed", "stopped"):
-                detail = f"; log: {step.log}" + (f" ({st.reason})" if st.reason else "")
-            elif st.state == "cancelled":
-                detail = f" ({st.reason})"
-            elif st.state == "queued" and st.reason:
-                detail = f" ({st.reason})"
-            elif st.state == "running":
-                progress = last_progress(step.log)
-                detail = f": {progress}" if progress else ""
-            print(f"  [{i}/{len(steps)}] {st.state:<11} {step.label}{where}{detail}")
-            rows.append(st.state)
-        print(f"  {left} of {len(steps)} steps left")
-    return 0
-

@@ -83,6 +83,9 @@ def test_stopped_trainings_resume_and_the_report_equals_the_local_runners(root):
     to completion, and every measured cell equals the local runner's (the speed ratio is a clock's)."""
     local = tables(root, TABLE, "local", "--models-root", "models-local")
     assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
+    status = tables(root, TABLE, "local", "--models-root", "models-local", "--status")  # the local runner's, too
+    steps = [line for line in status.stdout.splitlines() if line.strip().startswith("[")]
+    assert steps and all(line.split()[1] == "done" for line in steps) and "0 of" in status.stdout.splitlines()[-1]
 
     launch = tables(root, TABLE, "slurm", "--launcher", "slurm", "--detach", "--poll", "1")
     assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]

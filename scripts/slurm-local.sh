@@ -42,7 +42,7 @@ write_config() {
     cat > "$CONF.new" <<EOF
 # written by scripts/slurm-local.sh: a one-node cluster on the loopback
 ClusterName=local
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -63,7 +63,7 @@ SlurmctldLogFile=$STATE/log/slurmctld.log
 SlurmdLogFile=$STATE/log/slurmd.log
 # a job that asks no memory gets its cores' share, not the whole node's
 DefMemPerCPU=$((memory / cpus))
-NodeName=$host CPUs=$cpus RealMemory=$memory State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory State=UNKNOWN
 PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP
 PartitionName=timed Nodes=$host Default=NO MaxTime=INFINITE State=UP
 EOF
@@ -111,15 +111,24 @@ start() {
     exit 1
 }
 
+alive() {  # a process that has not exited (a zombie nobody reaped has)
+    [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null
+}
+
 stop() {
+    local pids=()
     for daemon in slurmd slurmctld; do
         if running "$daemon"; then
-            kill "$(cat "$STATE/$daemon.pid")"
+            pids+=("$(cat "$STATE/$daemon.pid")")
         fi
     done
     if [ -f /run/munge/munged.pid ] && kill -0 "$(cat /run/munge/munged.pid)" 2>/dev/null; then
-        kill "$(cat /run/munge/munged.pid)"
+        pids+=("$(cat /run/munge/munged.pid)")
     fi
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do  # gone before a start that follows looks for a controller
+        for _ in $(seq 50); do alive "$pid" || break; sleep 0.2; done
+    done
     echo "slurm-local: stopped"
 }
 

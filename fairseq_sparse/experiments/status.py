@@ -96,8 +96,8 @@ def print_status(tables: List[TableRun]) -> int:
         for i, step in enumerate(steps, 1):
             st = state_of(step, jobs[step.output], states, folder)
             left += st.state != "done"
-            where = f" job {st.job}" if st.job else ""
-            where += f" on {st.node}" if st.node and st.state == "running" else ""
+            on = f" on {st.node}" if st.node and st.state == "running" else ""
+            where = f" (job {st.job}{on})" if st.job else ""
             detail = ""
             if st.state in ("failed", "stopped"):
                 detail = f"; log: {step.log}" + (f" ({st.reason})" if st.reason else "")
@@ -108,7 +108,7 @@ def print_status(tables: List[TableRun]) -> int:
             elif st.state == "running":
                 progress = last_progress(step.log)
                 detail = f": {progress}" if progress else ""
-            print(f"  [{i}/{len(steps)}] {st.state:<11} {step.label}{where}{detail}")
+            print(f"  {f'[{i}/{len(steps)}]':<9} {st.state:<11} {step.label}{where}{detail}")
             rows.append(st.state)
         print(f"  {left} of {len(steps)} steps left")
     return 0

@@ -162,7 +162,7 @@ def test_a_failed_step_cancels_its_dependents_and_the_fixed_table_finishes(root,
     assert f"tables: error: train softmax on bible_de_en (seed 1): failed; log: {run / 'train.log'}" in failed.stderr
     assert "--no-such-option" in (run / "train.log").read_text()
     status = tables(root, broken, "failure", "--status")
-    states = {line.split(None, 2)[2].split(" job ")[0]: line.split()[1] for line in status.stdout.splitlines()
+    states = {line.split(None, 2)[2].split(" (job ")[0]: line.split()[1] for line in status.stdout.splitlines()
               if line.strip().startswith("[")}
     assert states["train softmax on bible_de_en (seed 1)"] == "failed"
     for step in ("average softmax on bible_de_en (seed 1)", "decode softmax on bible_de_en test (seed 1)",

@@ -19,6 +19,9 @@ from typing import List
 
 import torch
 
+from fairseq_sparse.core.errors import UsageError
+from fairseq_sparse.core.models.options import integer
+
 PATTERNS = {"epoch": re.compile(r"^checkpoint(\d+)\.pt$"), "update": re.compile(r"^checkpoint_\d+_(\d+)\.pt$")}
 
 
@@ -47,14 +50,23 @@ def average(paths: List[Path]) -> dict:
 
     if not paths:
         raise AveragingError("no checkpoints to average")
+    from fairseq_sparse.core.checkpoint_identity import CheckpointIdentity, differences
+
     sums = None
     state = None
     for path in paths:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
         params = state["model"]
+        identity = CheckpointIdentity.of(state["cfg"], params)
         if sums is None:
+            first = identity
             sums = {k: v.detach().double().clone() if v.is_floating_point() else v.clone() for k, v in params.items()}
             continue
+        differ = differences(first, identity)
+        if differ:
+            # weights of two methods (top-k k = 4 and k = 2, top-k and softmax) average into a model of neither
+            raise AveragingError(f"{path} is not the same model as {paths[0]}: " + "; ".join(
+                f"{what} {theirs!r} there, {ours!r} in {paths[0].name}" for what, ours, theirs in differ))
         if params.keys() != sums.keys():
             raise AveragingError(f"{path} has other parameters than {paths[0]}: not from the same model")
         for k, v in params.items():
@@ -77,7 +89,7 @@ def average(paths: List[Path]) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("save_dir")
-    parser.add_argument("--last", type=int, required=True, help="number of newest checkpoints to average")
+    parser.add_argument("--last", type=integer, required=True, help="number of newest checkpoints to average")
     parser.add_argument("--by", choices=sorted(PATTERNS), default="epoch")
     parser.add_argument("--output", required=True)
     return parser
@@ -93,7 +105,7 @@ def main(argv=None) -> Path:
             raise AveragingError(f"no {args.by} checkpoints in {args.save_dir} "
                                  f"({'checkpointN.pt' if args.by == 'epoch' else 'checkpoint_E_U.pt'})")
         state = average(paths)
-    except (AveragingError, FileNotFoundError) as e:
+    except (AveragingError, FileNotFoundError, UsageError) as e:
         sys.exit(f"average_checkpoints: error: {e}")
     output = Path(args.output)
     partial = output.with_name(f".{output.name}.partial")

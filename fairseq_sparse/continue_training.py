@@ -91,9 +91,22 @@ def check_same_schedule(cfg: DictConfig, base_cfg: DictConfig, path: str) -> Non
                                     "continuation keeps the base's (use --finetune-from-model to start afresh)")
 
 
+def check_same_shape(cfg: DictConfig, base_cfg: DictConfig, path: str) -> None:
+    """A continuation may change the methods and add L0Drop's gates; the shape is the base's (a change of the
+    heads alone would keep every parameter's size and go unnoticed)."""
+    from fairseq_sparse.core.checkpoint_identity import SHAPE, CheckpointIdentity, differences
+
+    shape = {f"--{name.replace('_', '-')}" for name in SHAPE}
+    for what, theirs, ours in differences(CheckpointIdentity.of(base_cfg), CheckpointIdentity.of(cfg)):
+        if what in shape:
+            raise ContinuationError(f"{path} was trained with {what} {theirs!r}, this run asks for {ours!r}: a "
+                                    "continuation keeps the base's shape")
+
+
 def continuation_state(cfg: DictConfig, base: dict, path: str) -> dict:
     """The checkpoint that makes fairseq resume ``base`` as a run of ``cfg`` (new model and criterion)."""
     base_cfg = base["cfg"]
+    check_same_shape(cfg, base_cfg, path)
     task = tasks.setup_task(cfg.task)
     model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     base_model, base_criterion = task.build_model(base_cfg.model), task.build_criterion(base_cfg.criterion)

@@ -25,6 +25,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq_cli import train
 
 from .continue_training import Continuation, ContinuationError, prepare
+from .core.errors import UsageError
 
 
 def continuation_options(argv: Sequence[str]) -> Tuple[Optional[Continuation], list]:
@@ -59,7 +60,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if continuation is not None:
         try:
             prepare(cfg, continuation)
-        except ContinuationError as err:
+        except (ContinuationError, UsageError) as err:  # UsageError: the base model refuses this run's data
             sys.exit(f"fairseq_sparse.train: error: {err}")
     distributed_utils.call_main(cfg, train.main)
 

@@ -94,8 +94,9 @@ def test_model_overrides_to_a_function_with_parameters_fails_clearly(bible, soft
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr  # one line (core/errors.py)
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "fairseq-generate: error: checkpoint parameters do not fit this transformer_sparse model")
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "checkpoint_last.pt was trained with cross attention 'softmax', not 'rela_g': the two functions do not have "
+        "the same parameters")
 
 
 def test_a_checkpoint_of_other_sizes_stops_fairseq_train_with_our_message_last(bible, softmax_checkpoint, tmp_path):

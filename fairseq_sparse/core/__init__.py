@@ -9,6 +9,7 @@ Importing it registers the architectures and criteria with fairseq.
 
 from . import checkpoint_loading  # noqa: F401  (first: makes fairseq checkpoints loadable on torch >= 2.6)
 from .errors import report_usage_errors_in_one_line
+from .interactive_inputs import skip_long_inputs_in_interactive
 from . import attention  # noqa: F401
 from .criterions import alignment as alignment_criterion  # noqa: F401
 from .criterions import l0drop as l0drop_criterion  # noqa: F401
@@ -16,3 +17,4 @@ from .models import l0drop, presets_topk_paper, sparse_transformer  # noqa: F401
 from .models.sparse_transformer import SparseTransformerModel  # noqa: F401
 
 report_usage_errors_in_one_line()  # in fairseq-* commands: what the user asked wrongly is one line, not a traceback
+skip_long_inputs_in_interactive()  # in fairseq-interactive: an input longer than the model reads is one line, skipped

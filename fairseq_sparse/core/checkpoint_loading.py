@@ -143,23 +143,62 @@ def known_option_names(cfg) -> set:
     return names
 
 
+def _current_value(cfg, name: str):
+    for group in cfg.keys():
+        section = cfg[group]
+        values = vars(section) if isinstance(section, argparse.Namespace) else section
+        try:
+            if name in values:
+                return values[name]
+        except TypeError:  # a group that is a plain value
+            continue
+    return None
+
+
+def check_override_type(name: str, value, path: str, cfg) -> None:
+    """Refuse a value of another type than the option's: Python takes True for 1 and 1.0 for 1, which no
+    user means (``{'attn_k': True}`` would decode with k = 1)."""
+    from .models.options import KIND_NAMES, option_kind  # here: this module is imported before the models
+
+    kind = option_kind(name)
+    if kind is None:  # an option of fairseq's: the type of the value the checkpoint has
+        current = _current_value(cfg, name)
+        kind = None if current is None else bool if isinstance(current, bool) else type(current)
+    if kind is None or value is None:
+        return
+    wrong = (isinstance(value, bool) != (kind is bool) or
+             (kind is int and not isinstance(value, int)) or
+             (kind is float and not isinstance(value, (int, float))) or
+             (kind is str and not isinstance(value, str)))
+    if wrong:
+        raise UsageError(f"--model-overrides: {name}={value!r} is a {type(value).__name__}, the option takes "
+                         f"{KIND_NAMES.get(kind, kind.__name__)} (checkpoint {path})")
+
+
 def apply_checked_overrides(state: dict, overrides: dict, path: str) -> None:
-    """``--model-overrides`` as fairseq applies them, after refusing a name that no option has."""
+    """``--model-overrides`` as fairseq applies them, after refusing a name that no option has, a value of
+    another type than the option's, and a change the checkpoint's parameters were not trained for
+    (checkpoint_identity)."""
     import difflib
 
     from fairseq.dataclass.utils import overwrite_args_by_name
 
+    from .checkpoint_identity import CheckpointIdentity, check_overrides
+
     known = known_option_names(state["cfg"])
     for name, value in overrides.items():
         if name in known:
+            check_override_type(name, value, path, state["cfg"])
             continue
         close = difflib.get_close_matches(name, sorted(known), n=1)
         raise UsageError(f"--model-overrides: {name!r} is no option of fairseq or of the model in {path}"
                          + (f"; did you mean {close[0]!r}?" if close else ""))
+    trained = CheckpointIdentity.of(state["cfg"], state["model"])
     if state.get("args") is not None:
         for name, value in overrides.items():
             setattr(state["args"], name, value)
     overwrite_args_by_name(state["cfg"], overrides)
+    check_overrides(trained, CheckpointIdentity.of(state["cfg"], state["model"]), overrides, path)
 
 
 def _explain_load_errors() -> None:

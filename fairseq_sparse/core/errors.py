@@ -62,3 +62,14 @@ def report_usage_errors_in_one_line() -> None:
 
     hook.reports_usage_errors = True
     sys.excepthook = hook
+
+
+def refuse_folder_as_user_dir(init_file: str) -> None:
+    """Stop a command that was given one of this package's folders as ``--user-dir`` instead of the package
+    (fairseq imports a user dir by its folder's own name, so the folder's ``__init__`` sees a name without
+    the package's): one line naming both folders, where fairseq would go on without the plugin and end in
+    "invalid choice" for the architecture or an UnpicklingError for a checkpoint."""
+    folder = os.path.dirname(os.path.abspath(init_file))
+    plugin = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    raise SystemExit(f"{command_name() or 'fairseq-sparse'}: error: --user-dir {folder} is a folder of fairseq-sparse, "
+                     f"not the plugin: pass --user-dir {plugin} (python -m fairseq_sparse --user-dir prints it)")

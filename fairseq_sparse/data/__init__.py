@@ -12,3 +12,8 @@ scripts describe their dataset as a ``job`` that ``pipeline`` runs, behind the o
 ``main`` of ``cli``; ``bible_db``, ``bible_cleaning``, ``bible_corpus`` and
 ``document_readers``, ``document_corpora`` hold the rest of ``bible`` and ``documents``.
 """
+
+if "." not in __name__:  # fairseq imported this folder as a --user-dir, by its own name
+    from fairseq_sparse.core.errors import refuse_folder_as_user_dir
+
+    refuse_folder_as_user_dir(__file__)

@@ -48,29 +48,39 @@ def run(job: Job, raw_dir: Path, out: Path, workers: int = 1, keep_tmp: bool = F
     found = check_raw(job, raw_dir)          # before anything is written
     if binarise:
         find_tool("fairseq-preprocess")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "tmp"
     tmp.mkdir(exist_ok=True)
-    truecasers = load_truecasers(job, found)
+    try:
+        truecasers = load_truecasers(job, found)
 
-    splits = [s for s in SPLITS if s in job.corpora]
-    for split in splits:
-        write_raw_split(job, found, split, tmp)
-        tokenise_split(job, split, tmp, workers, truecasers if split in job.truecase_splits else {})
-    tok = _files(tmp, "tok", splits, job)
-    raws = _files(tmp, "raw", splits, job)
-    if job.clean_on == "tok":
-        filter_files([_train(tok, job), _train(raws, job)], job.max_len, job.ratio)
-    if job.valid_from_train:
-        carve_valid(job, (tok, raws), job.valid_from_train)
-        splits = [s for s in SPLITS if s in splits or s == "valid"]
+        splits = [s for s in SPLITS if s in job.corpora]
+        for split in splits:
+            write_raw_split(job, found, split, tmp)
+            tokenise_split(job, split, tmp, workers, truecasers if split in job.truecase_splits else {})
+        tok = _files(tmp, "tok", splits, job)
+        raws = _files(tmp, "raw", splits, job)
+        if job.clean_on == "tok":
+            filter_files([_train(tok, job), _train(raws, job)], job.max_len, job.ratio)
+        if job.valid_from_train:
+            carve_valid(job, (tok, raws), job.valid_from_train)
+            splits = [s for s in SPLITS if s in splits or s == "valid"]
 
-    segment(job, tok, out)
-    final = {(s, lang): out / f"{s}.{lang}" for s in splits for lang in (job.src, job.tgt)}
-    if job.clean_on == "subword":
-        filter_files([_train(final, job)], job.max_len, job.ratio)
-    write_references(job, raws, [s for s in splits if s != "train"], out)
-    dest = binarise_job(job, found, out, tmp, workers) if binarise else None
+        segment(job, tok, out)
+        final = {(s, lang): out / f"{s}.{lang}" for s in splits for lang in (job.src, job.tgt)}
+        if job.clean_on == "subword":
+            filter_files([_train(final, job)], job.max_len, job.ratio)
+        write_references(job, raws, [s for s in splits if s != "train"], out)
+        dest = binarise_job(job, found, out, tmp, workers) if binarise else None
+    except BaseException:
+        # input refused halfway (a control character, an undecodable line, an empty split): no half-prepared
+        # intermediate files are left behind, nor an output directory this run made and nothing filled
+        if not keep_tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
 
     summary = summarise(job, final, splits, dest)
     if not keep_tmp:

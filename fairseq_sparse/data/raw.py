@@ -5,12 +5,13 @@ Formats: plain parallel text (one sentence a line, optionally gzipped), IWSLT ``
 ``<seg id="N">...</seg>`` a sentence).  A raw file is decoded in the encoding ``--encoding``
 names, strictly: a byte that does not decode stops preparation with the file and the line,
 it is never replaced (a wrongly encoded file would otherwise corrupt the data and the BLEU
-references silently).
+references silently); a control character other than tab stops it the same way.
 """
 
 import codecs
 import gzip
 import html
+import itertools
 import logging
 import re
 from dataclasses import dataclass
@@ -66,13 +67,31 @@ def raw_lines(path: Path, encoding: str = "utf-8", newline: Optional[str] = None
                 # itself to the first token and hide an IWSLT metadata line's tag from the reader
                 logger.info("%s starts with a byte-order mark (U+FEFF): read without it", path)
                 first = first[len(BYTE_ORDER_MARK):]
-            yield first
-            yield from f
+            for number, line in enumerate(itertools.chain([first], f), 1):
+                refuse_control_characters(path, number, line)
+                yield line
     except UnicodeDecodeError as err:
         line = _first_undecodable_line(path, encoding)
         where = f"line {line}" if line else f"byte {err.start}"
         raise PrepError(f"{path}: {where} is not valid {encoding} ({err.reason}); give the raw files' encoding "
                         f"with --encoding, or convert the file to UTF-8") from None
+
+
+# C0 control characters but tab and the line ends: a NUL or an escape inside a word is no text, and would go
+# on into the prepared text and the dictionary as part of a token
+CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+CONTROL_NAMES = {0x00: "NUL", 0x08: "backspace", 0x0B: "vertical tab", 0x0C: "form feed", 0x1B: "escape"}
+
+
+def refuse_control_characters(path: Path, number: int, line: str) -> None:
+    """Stop preparation at a control character, naming the file, the line and the character (never dropped
+    silently: a file holding them is usually binary, or text of another encoding read wrongly)."""
+    found = CONTROL_CHARACTER.search(line)
+    if found:
+        code = ord(found.group())
+        name = f" ({CONTROL_NAMES[code]})" if code in CONTROL_NAMES else ""
+        raise PrepError(f"{path}: line {number} holds the control character U+{code:04X}{name} at column "
+                        f"{found.start() + 1}; remove it (tab is the only control character text may hold)")
 
 
 def _first_undecodable_line(path: Path, encoding: str) -> Optional[int]:

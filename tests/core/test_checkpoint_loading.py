@@ -26,9 +26,9 @@ def test_known_overrides_are_applied_including_options_newer_than_the_checkpoint
     model = state["cfg"]["model"]
     assert getattr(model, "attn_impl", None) is None   # saved before --attn-impl existed
     state = checkpoint_utils.load_checkpoint_to_cpu(
-        str(CHECKPOINT), {"cross_attn_fn": "softmax", "attn_impl": "reference", "beam": 3, "model": {}})
+        str(CHECKPOINT), {"encoder_attn_fn": "softmax", "attn_impl": "reference", "beam": 3, "model": {}})
     model = state["cfg"]["model"]
-    assert model.cross_attn_fn == "softmax" and model.attn_impl == "reference"
+    assert model.encoder_attn_fn == "softmax" and model.attn_impl == "reference"
     assert state["cfg"]["generation"]["beam"] == 3
 
 

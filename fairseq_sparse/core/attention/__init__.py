@@ -2,6 +2,11 @@
 registers its functions, and every module of this package is imported here: a new method is one new
 file, with no edit elsewhere."""
 
+if "." not in __name__:  # fairseq imported this folder as a --user-dir, by its own name
+    from fairseq_sparse.core.errors import refuse_folder_as_user_dir
+
+    refuse_folder_as_user_dir(__file__)
+
 import importlib
 import pkgutil
 

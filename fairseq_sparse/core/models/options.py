@@ -8,6 +8,8 @@ the options a user left unset (``fill_defaults``), so a preset can choose its ow
 """
 
 import argparse
+import re
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Callable, List, Optional, Sequence, Union
 
@@ -22,12 +24,24 @@ from ..modules.prune_patterns import PATTERNS, check_pattern
 
 
 
+KIND_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
+WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+
+
+def integer(text: str) -> int:
+    """argparse ``type`` of the integer options: digits only. Python's int() also takes '1_000', ' 8 ' and
+    digits of other scripts ('٨'), which no one types meaning a number of keys."""
+    if not WHOLE_NUMBER.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be a whole number written in digits, got {text!r}")
+    return int(text)
+
+
 def positive_int(text: str) -> int:
     """argparse ``type`` of the k options: a bad k stops fairseq-train in argument parsing, with
     one usage error line, instead of a traceback from model building (fairseq catches nothing)."""
     try:
-        return check_k(int(text))
-    except ValueError:
+        return check_k(integer(text))
+    except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
 
 
@@ -68,7 +82,7 @@ class SparseModelOptions:
                             "global, random and BigBird through PyTorch's FlexAttention, on CUDA; every other method "
                             "as auto)", choices=ATTN_IMPLS)
     attn_pattern_seed: int = option(DEFAULT_PATTERN_SEED, "seed of the random key choice of random/bigbird attention",
-                                    type=int, metavar="N")
+                                    type=integer, metavar="N")
     l0drop: bool = option(False, "L0Drop: hard-concrete gates on the encoder outputs (train with "
                           "--criterion label_smoothed_cross_entropy_l0drop)", flag=True)
     l0drop_every_layer: bool = option(False, "also gate the output of every encoder layer (the paper's ablation)",
@@ -95,7 +109,7 @@ class SparseModelOptions:
     # fairseq's transformer_align (Garg et al., 2019), on every transformer_sparse architecture
     alignment_layer: Optional[int] = option(
         None, "decoder layer whose cross-attention is supervised with alignments, 0 the bottommost (as "
-        "transformer_align; unset: fairseq's default, the last layer)", type=int, metavar="N")
+        "transformer_align; unset: fairseq's default, the last layer)", type=integer, metavar="N")
     alignment_heads: Optional[int] = option(
         None, "heads of that cross-attention averaged into the alignment (as transformer_align; unset: all)",
         type=positive_int, metavar="N")
@@ -149,7 +163,13 @@ class SparseModelOptions:
         return cls.from_cfg(args)
 
     def validate(self) -> None:
-        """Reject unknown function names, k <= 0 and conflicting options with one message each."""
+        """Reject values of another type, unknown function names, k <= 0 and conflicting options with one
+        message each."""
+        for option in fields(self):
+            value, kind = getattr(self, option.name), option_kind(option.name)
+            if value is not None and (isinstance(value, bool) != (kind is bool) or not isinstance(value, kind)):
+                raise UsageError(f"--{option.name.replace('_', '-')}: {value!r} is a {type(value).__name__}, the "
+                                 f"option takes {KIND_NAMES.get(kind, kind.__name__)}")
         for sublayer in SUBLAYERS:
             try:
                 get_attention(self.attn_fn_of(sublayer))
@@ -218,6 +238,15 @@ class SparseModelOptions:
 
     def summary(self) -> str:
         return ", ".join(f"{sublayer}={self.attn_fn_of(sublayer)}" for sublayer in SUBLAYERS)
+
+
+def option_kind(name: str) -> Optional[type]:
+    """The type of one of SparseModelOptions' values (int for Optional[int]); None for a name it does not have."""
+    hints = typing.get_type_hints(SparseModelOptions)
+    if name not in hints:
+        return None
+    kinds = [kind for kind in typing.get_args(hints[name]) if kind is not type(None)] or [hints[name]]
+    return kinds[0]
 
 
 def set_default(args, name: str, value) -> None:

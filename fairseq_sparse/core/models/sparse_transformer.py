@@ -19,6 +19,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
 )
 
+from ..checkpoint_identity import check_languages
 from ..errors import CheckpointMismatchError, UsageError
 from .l0drop import L0DropTransformerDecoder, L0DropTransformerEncoder
 from .options import SparseModelOptions, set_default
@@ -42,6 +43,7 @@ class SparseTransformerModel(TransformerModel):
     def build_model(cls, args, task):
         SparseModelOptions.fill_defaults(args)
         options = SparseModelOptions.from_cfg(args)  # one clear error for a bad option, before anything is built
+        check_languages(args, task)  # the model's recorded languages against the data this command reads
         for note in options.ignored():
             logger.warning(f"ignored: {note}")
         unpenalised = options.unpenalised(getattr(args, "criterion", None))
@@ -55,6 +57,18 @@ class SparseTransformerModel(TransformerModel):
     def set_num_updates(self, num_updates):
         self.num_updates = num_updates  # read by criteria that schedule a weight (the L0 lambda ramp)
         super().set_num_updates(num_updates)
+
+    def train(self, mode: bool = True):
+        # fairseq's trainer calls this before the first step's forward: a setting that cannot train on this
+        # device stops here, not in that forward (where the trainer would first save a crash.pt)
+        if mode:
+            cpu = next(self.parameters()).device.type == "cpu"
+            flex = sorted({m.attn_fn for m in self.modules() if getattr(m, "trains_only_on_cuda", False)})
+            if cpu and flex:
+                raise UsageError(f"--attn-impl flex trains on CUDA only (FlexAttention has no backward pass on the "
+                                 f"CPU), and this model's {', '.join(flex)} attention would run it on the CPU: train "
+                                 "with --attn-impl auto there")
+        return super().train(mode)
 
     def attention_summary(self) -> str:
         return SparseModelOptions.from_cfg(self.cfg).summary()

@@ -59,6 +59,9 @@ class SparseMultiheadAttention(MultiheadAttention):
     step) and read from the incremental state afterwards.
     """
 
+    # read in Python only (the printout, the trainer's check): TorchScript compiles no property listed here
+    __jit_unused_properties__ = ["runs_impl", "trains_only_on_cuda"]
+
     def __init__(
         self,
         embed_dim: int,
@@ -117,8 +120,19 @@ class SparseMultiheadAttention(MultiheadAttention):
 
     def extra_repr(self) -> str:
         k = f", k={self.attn_k}" if self.spec.uses_k else ""
-        impl = f", impl={self.impl}" if self.impl != ATTN_IMPLS[0] else ""
+        impl = f", impl={self.runs_impl}" if self.runs_impl != ATTN_IMPLS[0] else ""
         return f"attn_fn={self.attn_fn}{k}, heads={self.num_heads}{impl}"
+
+    @property
+    def runs_impl(self) -> str:
+        """The implementation this module runs: ``flex`` computes only the patterns that say their selection
+        as a block mask, every other method as ``auto`` (what the model's printout shows)."""
+        return ATTN_IMPLS[0] if self.impl == "flex" and self.spec.flex_mask is None else self.impl
+
+    @property
+    def trains_only_on_cuda(self) -> bool:
+        """FlexAttention has no backward pass on the CPU."""
+        return self.runs_impl == "flex"
 
     def set_beam_size(self, beam_size: int) -> None:
         # The cache keeps one row per hypothesis (no beam folding: functions see plain

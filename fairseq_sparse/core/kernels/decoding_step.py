@@ -15,7 +15,9 @@ decoding, was measured slower. Here one program per (sentence, head) walks the k
 * ``topk``: holds the query's scores in one block, finds the k-th largest by k rounds of taking the
   largest (a key of count c fills c places, as ``attention.functions.kth_largest``), and takes the
   softmax over the keys at or above it (ties with the k-th all kept) times their values (Explicit
-  Sparse Transformer, eq. 5). One block holds at most ``MAX_KEYS`` keys.
+  Sparse Transformer, eq. 5). One block holds at most ``MAX_KEYS`` scores: the keys' rows are read 64 at a
+  time, their scores written to a scratch row of the program's own and read back as one block (4,096 keys x
+  d_h in one block took 430 s to compile for sm_80 at d_h = 256 and would not fit the registers).
 * ``sparsemax`` / ``entmax15``: holds the scores in one block too and finds the threshold tau by Newton's
   method from the left (tau = max - 1, where the largest key alone has weight 1): for sparsemax each step
   is tau = (sum of the scores above tau - 1) / their number, exact once the support stops shrinking; for
@@ -53,9 +55,11 @@ ONE_BLOCK_MODES = ("topk", "sparsemax", "entmax15")
 # supports were found within 9 steps; tests/core/kernels/test_decoding_step.py checks a sample of such rows
 # against the entmax package.
 NEWTON_STEPS = 24
-# The most cached keys a step takes in the kernel (top-k holds them all in one block); the module keeps
-# the registered function beyond (a decoding step past 4,096 tokens of context).
+# The most cached keys a step takes in the kernel (top-k and the entmax family hold all their scores in one block);
+# the module keeps the registered function beyond (a decoding step past 4,096 tokens of context).
 MAX_KEYS = 4096
+# Keys per block of the walks over the cache.
+BLOCK_KEYS = 64
 
 if triton is not None:
     import triton.language as tl
@@ -73,13 +77,20 @@ if triton is not None:
         return visible, tl.sum(key_rows.to(tl.float32) * query[None, :], axis=1)
 
     @triton.jit
-    def _topk_weights(scores, visible, keys, counts_ptr, batch, counts_batch_stride, attended,
-                      HAS_COUNTS: tl.constexpr, BLOCK_KEYS: tl.constexpr):
-        """Softmax over the keys at or above the k-th largest score, weighted by key counts, normalised."""
-        counts = tl.full((BLOCK_KEYS,), 1.0, tl.float32)
+    def _counts_of(keys, visible, counts_ptr, batch, counts_batch_stride, HAS_COUNTS: tl.constexpr):
+        """L0Drop's key counts of ``keys`` (1 without), 0 where a key is hidden."""
+        counts = tl.where(visible, 1.0, 0.0)
         if HAS_COUNTS:
             counts = tl.load(counts_ptr + batch * counts_batch_stride + keys, mask=visible, other=0.0)
-        # the k-th largest over the multiset: each round takes the largest key left, which fills its count
+        return counts
+
+    @triton.jit
+    def _topk_threshold(scores, visible, keys, counts_ptr, batch, counts_batch_stride, attended,
+                        HAS_COUNTS: tl.constexpr):
+        """Over every key's score (-inf at hidden keys): the k-th largest over the multiset of counted keys (each
+        round takes the largest key left, which fills its count), the largest score (0 without a visible key: no
+        weight and no NaN) and the softmax's normaliser over the keys at or above the k-th."""
+        counts = _counts_of(keys, visible, counts_ptr, batch, counts_batch_stride, HAS_COUNTS)
         remaining = scores
         kth = tl.full((), float("-inf"), tl.float32)
         filled = tl.zeros((), tl.float32)
@@ -89,16 +100,16 @@ if triton is not None:
             kth = tl.where(filled < attended, largest, kth)
             filled += tl.sum(tl.where(taken, counts, 0.0), axis=0)
             remaining = tl.where(taken, float("-inf"), remaining)
-        kept = visible & (scores >= kth)
         top = tl.max(scores, axis=0)
-        top = tl.where(top > float("-inf"), top, 0.0)  # no visible key: no weight, and no NaN
-        weights = tl.where(kept, tl.exp(scores - top), 0.0) * counts
-        norm = tl.sum(weights, axis=0)
-        return tl.where(norm > 0, weights / tl.where(norm > 0, norm, 1.0), 0.0)
+        top = tl.where(top > float("-inf"), top, 0.0)
+        norm = tl.sum(tl.where(visible & (scores >= kth), tl.exp(scores - top), 0.0) * counts, axis=0)
+        return kth, top, norm
 
     @triton.jit
-    def _entmax_weights(scores, visible, ENTMAX15: tl.constexpr, STEPS: tl.constexpr):
-        """sparsemax or 1.5-entmax weights of one row (-inf at hidden keys; a row with none gets zeros)."""
+    def _entmax_threshold(scores, visible, ENTMAX15: tl.constexpr, STEPS: tl.constexpr):
+        """Over every key's score (-inf at hidden keys): the shift (the largest, halved for 1.5-entmax) and the
+        threshold tau of sparsemax or 1.5-entmax, whose weights are (x - tau)_+ or (x - tau)_+^2 of x = the
+        (halved) score minus the shift."""
         x = scores
         if ENTMAX15:
             x = scores * 0.5
@@ -120,46 +131,69 @@ if triton is not None:
             mean = tl.sum(tl.where(above, x, 0.0), axis=0) / size
             mean_square = tl.sum(tl.where(above, x * x, 0.0), axis=0) / size
             tau = mean - tl.sqrt(tl.maximum(mean * mean - mean_square + 1.0 / size, 0.0))
-            excess = tl.where(visible & (x > tau), x - tau, 0.0)
-            return excess * excess
-        return tl.where(visible & (x > tau), x - tau, 0.0)
+        return top, tau
 
     @triton.jit
-    def _decoding_step(q_ptr, k_ptr, v_ptr, padding_ptr, counts_ptr, out_ptr,
+    def _decoding_step(q_ptr, k_ptr, v_ptr, padding_ptr, counts_ptr, scores_ptr, out_ptr,
                        num_keys, heads, head_dim, scaling, attended,
                        q_batch_stride, q_head_stride, k_batch_stride, k_head_stride, k_key_stride,
                        v_batch_stride, v_head_stride, v_key_stride, padding_batch_stride, counts_batch_stride,
                        out_batch_stride, out_head_stride,
                        MODE: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_COUNTS: tl.constexpr,
-                       NEWTON_STEPS: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_DIM: tl.constexpr):
-        row = tl.program_id(0)
+                       NEWTON_STEPS: tl.constexpr, BLOCK_KEYS: tl.constexpr, SCORE_SLOTS: tl.constexpr,
+                       BLOCK_DIM: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)  # sentence x head; 64 bits, so that every offset below is
         batch = row // heads
         head = row % heads
         dims = tl.arange(0, BLOCK_DIM)
         in_dim = dims < head_dim
         query = tl.load(q_ptr + batch * q_batch_stride + head * q_head_stride + dims, mask=in_dim, other=0.0)
-        query = query.to(tl.float32) * scaling
+        query = (query * scaling).to(q_ptr.dtype.element_ty).to(tl.float32)  # the module's q * scaling
         k_base = k_ptr + batch * k_batch_stride + head * k_head_stride
         v_base = v_ptr + batch * v_batch_stride + head * v_head_stride
         best = tl.full((), float("-inf"), tl.float32)
-        best_key = tl.zeros((), tl.int32)
+        best_key = tl.zeros((), tl.int64)
         total = tl.zeros((BLOCK_DIM,), tl.float32)
-        if MODE >= 4:  # top-k, sparsemax, 1.5-entmax: every key in one block (BLOCK_KEYS >= num_keys)
-            keys = tl.arange(0, BLOCK_KEYS)
-            visible, scores = _visible_scores(keys, num_keys, batch, padding_ptr, padding_batch_stride, k_base,
-                                              k_key_stride, dims, in_dim, query, HAS_PADDING)
-            scores = tl.where(visible, scores, float("-inf"))
+        if MODE >= 4:  # top-k, sparsemax, 1.5-entmax: a threshold over every key's score (SCORE_SLOTS >= num_keys)
+            # the scores of every key block into this row of the scratch, then all of them as one block: the keys'
+            # rows are read a block at a time (every key x d_h at once did not fit the registers)
+            scratch = scores_ptr + row * SCORE_SLOTS
+            for start in range(0, num_keys, BLOCK_KEYS):
+                keys = tl.cast(start, tl.int64) + tl.arange(0, BLOCK_KEYS)
+                visible, scores = _visible_scores(keys, num_keys, batch, padding_ptr, padding_batch_stride, k_base,
+                                                  k_key_stride, dims, in_dim, query, HAS_PADDING)
+                tl.store(scratch + keys, tl.where(visible, scores, float("-inf")), mask=keys < num_keys)
+            tl.debug_barrier()  # every thread's scores written before any thread reads them
+            slots = tl.arange(0, SCORE_SLOTS)
+            all_scores = tl.load(scratch + slots, mask=slots < num_keys, other=float("-inf"))
+            all_visible = all_scores > float("-inf")
             if MODE == 4:
-                weights = _topk_weights(scores, visible, keys, counts_ptr, batch, counts_batch_stride, attended,
-                                        HAS_COUNTS, BLOCK_KEYS)
+                kth, top, norm = _topk_threshold(all_scores, all_visible, slots, counts_ptr, batch, counts_batch_stride,
+                                                 attended, HAS_COUNTS)
             else:
-                weights = _entmax_weights(scores, visible, MODE == 6, NEWTON_STEPS)
-            value_rows = tl.load(v_base + keys[:, None] * v_key_stride + dims[None, :],
-                                 mask=visible[:, None] & in_dim[None, :], other=0.0)
-            total = tl.sum(weights[:, None] * value_rows.to(tl.float32), axis=0)
+                top, tau = _entmax_threshold(all_scores, all_visible, MODE == 6, NEWTON_STEPS)
+            for start in range(0, num_keys, BLOCK_KEYS):
+                keys = tl.cast(start, tl.int64) + tl.arange(0, BLOCK_KEYS)
+                scores = tl.load(scratch + keys, mask=keys < num_keys, other=float("-inf"))
+                visible = scores > float("-inf")
+                if MODE == 4:
+                    counts = _counts_of(keys, visible, counts_ptr, batch, counts_batch_stride, HAS_COUNTS)
+                    weights = tl.where(visible & (scores >= kth), tl.exp(scores - top), 0.0) * counts
+                    weights = tl.where(norm > 0, weights / tl.where(norm > 0, norm, 1.0), 0.0)
+                else:
+                    x = scores
+                    if MODE == 6:
+                        x = scores * 0.5
+                    excess = tl.where(visible & (x - top > tau), x - top - tau, 0.0)
+                    weights = excess
+                    if MODE == 6:
+                        weights = excess * excess
+                value_rows = tl.load(v_base + keys[:, None] * v_key_stride + dims[None, :],
+                                     mask=visible[:, None] & in_dim[None, :], other=0.0)
+                total += tl.sum(weights[:, None] * value_rows.to(tl.float32), axis=0)
         else:
             for start in range(0, num_keys, BLOCK_KEYS):
-                keys = start + tl.arange(0, BLOCK_KEYS)
+                keys = tl.cast(start, tl.int64) + tl.arange(0, BLOCK_KEYS)
                 visible, scores = _visible_scores(keys, num_keys, batch, padding_ptr, padding_batch_stride, k_base,
                                                   k_key_stride, dims, in_dim, query, HAS_PADDING)
                 if MODE == 0:
@@ -189,6 +223,15 @@ if triton is not None:
         tl.store(out, total.to(out_ptr.dtype.element_ty), mask=in_dim)
 
 
+def launch_constants(mode: str, has_padding: bool, has_counts: bool, num_keys: int, head_dim: int) -> dict:
+    """The kernel's constants for a call: key blocks of 64 in every mode, and for the modes with a threshold over
+    every key (top-k, sparsemax, 1.5-entmax) one scratch row of scores per program, a power of two >= the keys."""
+    return dict(MODE=MODES.index(mode), HAS_PADDING=has_padding, HAS_COUNTS=has_counts, NEWTON_STEPS=NEWTON_STEPS,
+                BLOCK_KEYS=BLOCK_KEYS,
+                SCORE_SLOTS=triton.next_power_of_2(max(num_keys, 16)) if mode in ONE_BLOCK_MODES else 16,
+                BLOCK_DIM=triton.next_power_of_2(head_dim))
+
+
 def decoding_step(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], key_counts: Optional[Tensor],
                   scaling: float, attended: int, mode: str) -> Tensor:
     """One query per (sentence, head): q (B, H, 1, d), k and v (B, H, S, d), key_padding_mask (B, S) bool
@@ -200,19 +243,17 @@ def decoding_step(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Te
     out = torch.empty((batch, heads, 1, head_dim), dtype=v.dtype, device=v.device)
     padding, counts = padding_and_counts(key_padding_mask, key_counts)
     if batch * heads > 0:
+        constants = launch_constants(mode, padding is not None, counts is not None, num_keys, head_dim)
+        scratch = torch.empty((batch * heads, constants["SCORE_SLOTS"]) if mode in ONE_BLOCK_MODES else (1,),
+                              dtype=torch.float32, device=q.device)
         _decoding_step[(batch * heads,)](
-            q, k, v, q if padding is None else padding, q if counts is None else counts, out,
+            q, k, v, q if padding is None else padding, q if counts is None else counts, scratch, out,
             num_keys, heads, head_dim, scaling, attended,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             0 if padding is None else padding.stride(0),
             0 if counts is None or counts.size(0) == 1 else counts.stride(0),
-            out.stride(0), out.stride(1),
-            MODE=MODES.index(mode), HAS_PADDING=padding is not None, HAS_COUNTS=counts is not None,
-            NEWTON_STEPS=NEWTON_STEPS,
-            BLOCK_KEYS=triton.next_power_of_2(max(num_keys, 16)) if mode in ONE_BLOCK_MODES else 64,
-            BLOCK_DIM=triton.next_power_of_2(head_dim),
-        )
+            out.stride(0), out.stride(1), **constants)
     return out
 
 

@@ -21,9 +21,14 @@ entry's position, so the backward pass draws the same mask again; it is a differ
 (``tiles.dropout_keep``). Keys are hidden by fairseq's padding mask and, for decoder self-attention, by its
 future mask (``causal``: key j > query i); another attention mask takes the module's other paths.
 
-Scores are accumulated in float32 from q and k in their own dtype and the weights are cast to the
-values' dtype before their product, as the eager path casts them; in half precision the two differ in
-the rounding of the score product. The kernel is the operation ``torch.ops.fairseq_sparse.rectified_attention``
+q is scaled before its product with k, in q's dtype, as the module scales it for the registered function, so
+both compute one expression and exact ties stay ties at every head size. Scores are accumulated in float32 from
+q and k in their own dtype (float32 products in full float32 unless torch allows TF32, ``tiles.dot_precision``)
+and the weights are cast to the values' dtype before their product, as the eager path casts them; in half
+precision the eager path rounds the scores to half before the activation, the kernel does not (its outputs equal
+the registered function applied to float32 scores). One program per (sentence x head, block of queries or keys):
+sentence x head is grid axis 0 (2^31 - 1 programs; axis 1 would stop at 65,535), and every offset is computed in
+64 bits. The kernel is the operation ``torch.ops.fairseq_sparse.rectified_attention``
 (and ``..._backward``), so a dispatch counter sees one operation where a GPU launches one kernel.
 """
 
@@ -33,21 +38,18 @@ import torch
 from torch import Tensor
 
 from .device import triton
-from .tiles import block_dim, dropout_seed, empty_gradients, padding_and_counts, qkv_strides, rows_of
+from .tiles import (block_dim, dot_precision, dropout_seed, empty_gradients, padding_and_counts,
+                    qkv_strides, rows_of, sequence_tiles)
 
 # How the kernel rectifies the scores; the index is its MODE (the activations of ReLA's Table 1).
 ACTIVATIONS = ("relu", "leaky_relu", "gelu")
 # F.leaky_relu's default negative slope, which the registered function uses
 LEAKY_SLOPE = 0.01
-# Queries and keys per block (the tiles of tl.dot; 64 x 64 in float32 fits an SM's shared memory with
-# head dimension 64 and the backward pass's five tiles).
-BLOCK_QUERIES = 64
-BLOCK_KEYS = 64
 
 if triton is not None:
     import triton.language as tl
 
-    from .tiles import kept_in_tile, seed_of, visible_in_tile
+    from .tiles import kept_in_tile, scaled_rows as _scaled_rows, seed_of, visible_in_tile
 
     @triton.jit
     def _rectified(scores, MODE: tl.constexpr):
@@ -70,13 +72,13 @@ if triton is not None:
             return cdf + scores * 0.3989422804014327 * tl.exp(-0.5 * scores * scores)
 
     @triton.jit
-    def _block_weights(q, k, queries, keys, num_queries, num_keys, batch, head, heads, scaling, seed, dropout_p,
+    def _block_weights(q, k, queries, keys, num_queries, num_keys, batch, head, heads, seed, dropout_p,
                        padding_ptr, padding_batch_stride, counts_ptr, counts_batch_stride,
                        MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr,
-                       HAS_COUNTS: tl.constexpr, DROPOUT: tl.constexpr):
-        """One (queries x keys) tile: its scores, the weights act(s) c with hidden keys 0, the weights after
-        dropout, and where the key is visible and kept (for the backward pass's slope)."""
-        scores = tl.dot(q, tl.trans(k)) * scaling
+                       HAS_COUNTS: tl.constexpr, DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        """One (queries x keys) tile of the scaled q: its scores, the weights act(s) c with hidden keys 0, the
+        weights after dropout, and where the key is visible and kept (for the backward pass's slope)."""
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         visible = visible_in_tile(queries, keys, num_queries, num_keys, batch, padding_ptr, padding_batch_stride,
                                   CAUSAL, HAS_PADDING)
         weights = tl.where(visible, _rectified(scores, MODE), 0.0)
@@ -87,7 +89,7 @@ if triton is not None:
             scale = scale * counts[None, :]
         dropped = weights
         if DROPOUT:
-            kept = kept_in_tile(seed, batch, heads, head, queries, keys, num_keys, dropout_p)
+            kept = kept_in_tile(seed, batch, heads, head, queries, keys, num_queries, num_keys, dropout_p)
             dropped = tl.where(kept, weights / (1.0 - dropout_p), 0.0)
             scale = tl.where(kept, scale / (1.0 - dropout_p), 0.0)
         return scores, dropped, scale
@@ -99,17 +101,18 @@ if triton is not None:
                            v_batch_stride, v_head_stride, v_row_stride, padding_batch_stride, counts_batch_stride,
                            out_batch_stride, out_head_stride, out_row_stride,
                            MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr,
-                           HAS_COUNTS: tl.constexpr, DROPOUT: tl.constexpr,
+                           HAS_COUNTS: tl.constexpr, DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                            BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DIM: tl.constexpr):
-        start = tl.program_id(0) * BLOCK_Q
-        batch = tl.program_id(1) // heads
-        head = tl.program_id(1) % heads
+        row = tl.program_id(0).to(tl.int64)  # sentence x head; 64 bits, so that every offset below is
+        batch = row // heads
+        head = row % heads
+        start = tl.program_id(1).to(tl.int64) * BLOCK_Q
         seed = seed_of(seed_ptr, DROPOUT)
         queries = start + tl.arange(0, BLOCK_Q)
         dims = tl.arange(0, BLOCK_DIM)
         in_dim = dims < head_dim
-        q = tl.load(q_ptr + batch * q_batch_stride + head * q_head_stride + queries[:, None] * q_row_stride + dims[None, :],
-                    mask=(queries[:, None] < num_queries) & in_dim[None, :], other=0.0)
+        q = _scaled_rows(q_ptr + batch * q_batch_stride + head * q_head_stride, queries, dims, in_dim, q_row_stride,
+                         num_queries, scaling)
         k_base = k_ptr + batch * k_batch_stride + head * k_head_stride
         v_base = v_ptr + batch * v_batch_stride + head * v_head_stride
         total = tl.zeros((BLOCK_Q, BLOCK_DIM), tl.float32)
@@ -117,14 +120,14 @@ if triton is not None:
         if CAUSAL:  # no key after the block's last query
             last = tl.minimum(num_keys, start + BLOCK_Q)
         for key_start in range(0, last, BLOCK_K):
-            keys = key_start + tl.arange(0, BLOCK_K)
+            keys = tl.cast(key_start, tl.int64) + tl.arange(0, BLOCK_K)
             rows = (keys[:, None] < num_keys) & in_dim[None, :]
             k = tl.load(k_base + keys[:, None] * k_row_stride + dims[None, :], mask=rows, other=0.0)
             v = tl.load(v_base + keys[:, None] * v_row_stride + dims[None, :], mask=rows, other=0.0)
-            _, dropped, _ = _block_weights(q, k, queries, keys, num_queries, num_keys, batch, head, heads, scaling, seed,
+            _, dropped, _ = _block_weights(q, k, queries, keys, num_queries, num_keys, batch, head, heads, seed,
                                            dropout_p, padding_ptr, padding_batch_stride, counts_ptr, counts_batch_stride,
-                                           MODE, CAUSAL, HAS_PADDING, HAS_COUNTS, DROPOUT)
-            total += tl.dot(dropped.to(v.dtype), v)
+                                           MODE, CAUSAL, HAS_PADDING, HAS_COUNTS, DROPOUT, DOT_PRECISION)
+            total += tl.dot(dropped.to(v.dtype), v, input_precision=DOT_PRECISION)
         out = out_ptr + batch * out_batch_stride + head * out_head_stride + queries[:, None] * out_row_stride + dims[None, :]
         tl.store(out, total.to(out_ptr.dtype.element_ty), mask=(queries[:, None] < num_queries) & in_dim[None, :])
 
@@ -135,12 +138,14 @@ if triton is not None:
                                  v_batch_stride, v_head_stride, v_row_stride, padding_batch_stride, counts_batch_stride,
                                  grad_batch_stride, grad_head_stride, grad_row_stride,
                                  MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr,
-                                 HAS_COUNTS: tl.constexpr, DROPOUT: tl.constexpr,
+                                 HAS_COUNTS: tl.constexpr, DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                                  BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DIM: tl.constexpr):
-        """dK and dV of one block of keys, walking the queries that see them. dk, dv: contiguous (B, H, S, D)."""
-        key_start = tl.program_id(0) * BLOCK_K
-        batch = tl.program_id(1) // heads
-        head = tl.program_id(1) % heads
+        """dK and dV of one block of keys, walking the queries that see them. dk, dv: contiguous (B, H, S, D).
+        dK = dS^T (q scaling), the scaled q's product, as autograd takes it through the module's ``q * scaling``."""
+        row = tl.program_id(0).to(tl.int64)
+        batch = row // heads
+        head = row % heads
+        key_start = tl.program_id(1).to(tl.int64) * BLOCK_K
         seed = seed_of(seed_ptr, DROPOUT)
         keys = key_start + tl.arange(0, BLOCK_K)
         dims = tl.arange(0, BLOCK_DIM)
@@ -158,19 +163,19 @@ if triton is not None:
         if CAUSAL:  # no query before the block's first key sees it
             first = (key_start // BLOCK_Q) * BLOCK_Q
         for start in range(first, num_queries, BLOCK_Q):
-            queries = start + tl.arange(0, BLOCK_Q)
+            queries = tl.cast(start, tl.int64) + tl.arange(0, BLOCK_Q)
             query_rows = (queries[:, None] < num_queries) & in_dim[None, :]
-            q = tl.load(q_base + queries[:, None] * q_row_stride + dims[None, :], mask=query_rows, other=0.0)
+            q = _scaled_rows(q_base, queries, dims, in_dim, q_row_stride, num_queries, scaling)
             grad = tl.load(grad_base + queries[:, None] * grad_row_stride + dims[None, :], mask=query_rows, other=0.0)
             scores, dropped, scale = _block_weights(q, k, queries, keys, num_queries, num_keys, batch, head, heads,
-                                                    scaling, seed, dropout_p, padding_ptr, padding_batch_stride,
+                                                    seed, dropout_p, padding_ptr, padding_batch_stride,
                                                     counts_ptr, counts_batch_stride,
-                                                    MODE, CAUSAL, HAS_PADDING, HAS_COUNTS, DROPOUT)
-            dv += tl.dot(tl.trans(dropped.to(grad.dtype)), grad)
-            grad_scores = tl.dot(grad, tl.trans(v)) * scale * _rectified_slope(scores, MODE)
-            dk += tl.dot(tl.trans(grad_scores.to(q.dtype)), q)
-        out = batch * heads * num_keys * head_dim + head * num_keys * head_dim + keys[:, None] * head_dim + dims[None, :]
-        tl.store(dk_ptr + out, (dk * scaling).to(dk_ptr.dtype.element_ty), mask=rows)
+                                                    MODE, CAUSAL, HAS_PADDING, HAS_COUNTS, DROPOUT, DOT_PRECISION)
+            dv += tl.dot(tl.trans(dropped.to(grad.dtype)), grad, input_precision=DOT_PRECISION)
+            grad_scores = tl.dot(grad, tl.trans(v), input_precision=DOT_PRECISION) * scale * _rectified_slope(scores, MODE)
+            dk += tl.dot(tl.trans(grad_scores.to(q.dtype)), q, input_precision=DOT_PRECISION)
+        out = (row * num_keys + keys[:, None]) * head_dim + dims[None, :]
+        tl.store(dk_ptr + out, dk.to(dk_ptr.dtype.element_ty), mask=rows)
         tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=rows)
 
     @triton.jit
@@ -180,19 +185,20 @@ if triton is not None:
                                     k_row_stride, v_batch_stride, v_head_stride, v_row_stride, padding_batch_stride,
                                     counts_batch_stride, grad_batch_stride, grad_head_stride, grad_row_stride,
                                     MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr,
-                                    HAS_COUNTS: tl.constexpr, DROPOUT: tl.constexpr,
+                                    HAS_COUNTS: tl.constexpr, DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                                     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DIM: tl.constexpr):
         """dQ of one block of queries, walking the keys they see. dq: contiguous (B, H, T, D)."""
-        start = tl.program_id(0) * BLOCK_Q
-        batch = tl.program_id(1) // heads
-        head = tl.program_id(1) % heads
+        row = tl.program_id(0).to(tl.int64)
+        batch = row // heads
+        head = row % heads
+        start = tl.program_id(1).to(tl.int64) * BLOCK_Q
         seed = seed_of(seed_ptr, DROPOUT)
         queries = start + tl.arange(0, BLOCK_Q)
         dims = tl.arange(0, BLOCK_DIM)
         in_dim = dims < head_dim
         query_rows = (queries[:, None] < num_queries) & in_dim[None, :]
-        q = tl.load(q_ptr + batch * q_batch_stride + head * q_head_stride + queries[:, None] * q_row_stride + dims[None, :],
-                    mask=query_rows, other=0.0)
+        q = _scaled_rows(q_ptr + batch * q_batch_stride + head * q_head_stride, queries, dims, in_dim, q_row_stride,
+                         num_queries, scaling)
         grad = tl.load(grad_ptr + batch * grad_batch_stride + head * grad_head_stride + queries[:, None] * grad_row_stride
                        + dims[None, :], mask=query_rows, other=0.0)
         k_base = k_ptr + batch * k_batch_stride + head * k_head_stride
@@ -202,16 +208,17 @@ if triton is not None:
         if CAUSAL:
             last = tl.minimum(num_keys, start + BLOCK_Q)
         for key_start in range(0, last, BLOCK_K):
-            keys = key_start + tl.arange(0, BLOCK_K)
+            keys = tl.cast(key_start, tl.int64) + tl.arange(0, BLOCK_K)
             rows = (keys[:, None] < num_keys) & in_dim[None, :]
             k = tl.load(k_base + keys[:, None] * k_row_stride + dims[None, :], mask=rows, other=0.0)
             v = tl.load(v_base + keys[:, None] * v_row_stride + dims[None, :], mask=rows, other=0.0)
-            scores, _, scale = _block_weights(q, k, queries, keys, num_queries, num_keys, batch, head, heads, scaling,
+            scores, _, scale = _block_weights(q, k, queries, keys, num_queries, num_keys, batch, head, heads,
                                               seed, dropout_p, padding_ptr, padding_batch_stride, counts_ptr,
-                                              counts_batch_stride, MODE, CAUSAL, HAS_PADDING, HAS_COUNTS, DROPOUT)
-            grad_scores = tl.dot(grad, tl.trans(v)) * scale * _rectified_slope(scores, MODE)
-            dq += tl.dot(grad_scores.to(k.dtype), k)
-        out = batch * heads * num_queries * head_dim + head * num_queries * head_dim + queries[:, None] * head_dim + dims[None, :]
+                                              counts_batch_stride, MODE, CAUSAL, HAS_PADDING, HAS_COUNTS, DROPOUT,
+                                              DOT_PRECISION)
+            grad_scores = tl.dot(grad, tl.trans(v), input_precision=DOT_PRECISION) * scale * _rectified_slope(scores, MODE)
+            dq += tl.dot(grad_scores.to(k.dtype), k, input_precision=DOT_PRECISION)
+        out = (row * num_queries + queries[:, None]) * head_dim + dims[None, :]
         tl.store(dq_ptr + out, (dq * scaling).to(dq_ptr.dtype.element_ty), mask=query_rows)
 
 
@@ -226,10 +233,11 @@ def _launch_arguments(q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor]
              0 if counts is None or counts.size(0) == 1 else counts.stride(0)))
 
 
-def _constants(mode: str, causal: bool, padding, counts, dropout_p: float, head_dim: int):
+def _constants(mode: str, causal: bool, padding, counts, dropout_p: float, q: Tensor, tiles):
     return dict(MODE=ACTIVATIONS.index(mode), CAUSAL=causal, HAS_PADDING=padding is not None,
-                HAS_COUNTS=counts is not None, DROPOUT=dropout_p > 0, BLOCK_Q=BLOCK_QUERIES, BLOCK_K=BLOCK_KEYS,
-                BLOCK_DIM=block_dim(head_dim))
+                HAS_COUNTS=counts is not None, DROPOUT=dropout_p > 0, DOT_PRECISION=dot_precision(q.dtype),
+                BLOCK_Q=tiles.block_queries, BLOCK_K=tiles.block_keys, BLOCK_DIM=block_dim(q.size(-1)),
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor], counts: Optional[Tensor],
@@ -240,11 +248,12 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor], counts:
     batch, heads, num_queries, head_dim = q.shape
     out = torch.empty((batch, heads, num_queries, head_dim), dtype=v.dtype, device=v.device)
     if out.numel() > 0:
+        tiles = sequence_tiles("rectified_attention", q)
         pointers, sizes, strides = _launch_arguments(q, k, v, padding, counts, seed)
-        grid = (triton.cdiv(num_queries, BLOCK_QUERIES), batch * heads)
+        grid = (batch * heads, triton.cdiv(num_queries, tiles.block_queries))
         _rectified_forward[grid](*pointers, out, *sizes, scaling, dropout_p, *strides,
                                  out.stride(0), out.stride(1), out.stride(2),
-                                 **_constants(mode, causal, padding, counts, dropout_p, head_dim))
+                                 **_constants(mode, causal, padding, counts, dropout_p, q, tiles))
     return out
 
 
@@ -257,14 +266,15 @@ def _backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, padding: Optional[T
     dq, dk, dv = empty_gradients(q, k, v)
     if batch * heads == 0:
         return dq, dk, dv
+    tiles = sequence_tiles("rectified_attention", q)
     pointers, sizes, strides = _launch_arguments(q, k, v, padding, counts, seed)
     grad_strides = (grad.stride(0), grad.stride(1), grad.stride(2))
-    constants = _constants(mode, causal, padding, counts, dropout_p, head_dim)
+    constants = _constants(mode, causal, padding, counts, dropout_p, q, tiles)
     if k.size(2) > 0:
-        _rectified_backward_keys[(triton.cdiv(k.size(2), BLOCK_KEYS), batch * heads)](
+        _rectified_backward_keys[(batch * heads, triton.cdiv(k.size(2), tiles.block_keys))](
             *pointers, grad, dk, dv, *sizes, scaling, dropout_p, *strides, *grad_strides, **constants)
     if num_queries > 0:
-        _rectified_backward_queries[(triton.cdiv(num_queries, BLOCK_QUERIES), batch * heads)](
+        _rectified_backward_queries[(batch * heads, triton.cdiv(num_queries, tiles.block_queries))](
             *pointers, grad, dq, *sizes, scaling, dropout_p, *strides, *grad_strides, **constants)
     return dq, dk, dv
 
@@ -301,7 +311,9 @@ def rectified_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optio
     """ReLA's output for every query: q (B, H, T, d) unscaled, k and v (B, H, S, d), key_padding_mask (B, S)
     bool or None, key_counts (B|1, 1, 1, S) float or None, ``causal``: query i sees keys j <= i (T == S)
     -> (B, H, T, d) in v's dtype, differentiable in q, k and v. ``attended`` (top-k's k in the sequence kernels'
-    common signature) is not read."""
+    common signature) is not read. Where the kernel's tiles do not fit q's device (``tiles.sequence_kernel_fits``)
+    the module takes its reference path instead."""
     padding, counts = padding_and_counts(key_padding_mask, key_counts)
     seed = dropout_seed(q.device) if dropout_p > 0 else None
     return _forward_op(q, k, v, padding, counts, seed, scaling, causal, dropout_p, mode)
+

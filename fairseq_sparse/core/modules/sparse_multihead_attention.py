@@ -45,6 +45,7 @@ from ..attention import (
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from ..kernels.decoding_step import MAX_KEYS as MAX_DECODING_KEYS
 from ..kernels.device import runs_fused
+from ..kernels.tiles import sequence_kernel_fits
 from .attention_masks import as_bool, combine_masks, is_future_mask
 from .l0drop import counted_padding
 from .function_in_chunks import function_chunks, function_in_chunks
@@ -264,7 +265,7 @@ class SparseMultiheadAttention(MultiheadAttention):
             out, weights = self._attend(q, k, v, ctx, attn_mask, key_padding_mask)
         elif self._decodes_in_one_kernel(tgt_len, k.size(2), ctx, attn_mask):
             out, weights = self.spec.decoding_kernel(q, k, v, key_padding_mask, ctx.key_counts, self.scaling, ctx.k), None
-        elif self._attends_in_sequence_kernel(tgt_len, k.size(2), ctx, attn_mask):
+        elif self._attends_in_sequence_kernel(tgt_len, k.size(2), ctx, attn_mask, q):
             out = self.spec.sequence_kernel(q, k, v, key_padding_mask, ctx.key_counts, self.scaling, attn_mask is not None,
                                             ctx.dropout_p, ctx.k)
             weights = None
@@ -308,13 +309,15 @@ class SparseMultiheadAttention(MultiheadAttention):
 
     @torch.jit.unused
     def _attends_in_sequence_kernel(self, tgt_len: int, num_keys: int, ctx: AttentionContext,
-                                    attn_mask: Optional[Tensor]) -> bool:
+                                    attn_mask: Optional[Tensor], q: Tensor) -> bool:
         """A call of several queries of a method with a kernel for it (``AttentionSpec.sequence_kernel``), where
-        kernels run, with no weights requested and no attention mask but fairseq's future mask."""
+        kernels run, with no weights requested and no attention mask but fairseq's future mask, and where the
+        kernel's tiles fit the device for q's dtype and head size (else a notice, once, and the reference path)."""
         takes = self.spec.sequence_kernel_takes
         return (self.spec.sequence_kernel is not None and tgt_len > 1 and not ctx.need_weights
                 and (takes is None or takes(ctx.key_counts, ctx.k)) and runs_fused(self.q_proj.weight.device)
-                and (attn_mask is None or is_future_mask(attn_mask, tgt_len, num_keys)))
+                and (attn_mask is None or is_future_mask(attn_mask, tgt_len, num_keys))
+                and sequence_kernel_fits(self.spec.sequence_kernel, q))
 
     def attention_dropout_p(self) -> float:
         """The attention dropout rate where it applies (training, or fairseq's --retain-dropout), else 0."""

@@ -1,10 +1,9 @@
 """The decoding-step kernel equals the registered function of every method that declares it (under Triton's
 interpreter on the CPU), the attention module takes it exactly where that function would run on one query
-without weights, mask, dropout or gradient, and it compiles for the GPUs our users decode on."""
+without weights, mask, dropout or gradient (compiled for every GPU architecture in test_shared_memory.py)."""
 
 import pytest
 import torch
-from gpu_compilation import assert_compiles
 
 from fairseq_sparse.bench.dispatch_counts import count
 from fairseq_sparse.core.attention import DEFAULT_K, AttentionContext, attention_names, get_attention
@@ -196,35 +195,3 @@ def test_the_cpu_runs_the_function_unless_asked():
     with torch.no_grad():
         counter = count(lambda: module(x, x, x, incremental_state={}, need_weights=False))
     assert KERNEL_OP not in counter.by_operation
-
-
-COMPILE = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from fairseq_sparse.core.kernels.decoding_step import MODES, _decoding_step
-pointers = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
-integers = ("num_keys", "heads", "head_dim", "attended", "q_batch_stride", "q_head_stride", "k_batch_stride", "k_head_stride",
-            "k_key_stride", "v_batch_stride", "v_head_stride", "v_key_stride", "padding_batch_stride",
-            "counts_batch_stride", "out_batch_stride", "out_head_stride")
-for arch in (80, 90):
-    for dtype in ("fp32", "bf16", "fp16"):
-        for mode in range(len(MODES)):
-            for padded, counted in ((False, False), (True, True)):
-                signature = {name: f"*{dtype}" for name in pointers}
-                signature.update({"padding_ptr": "*i1", "counts_ptr": "*fp32", "scaling": "fp32"})
-                signature.update({name: "i32" for name in integers})
-                signature.update({name: "constexpr" for name in ("MODE", "HAS_PADDING", "HAS_COUNTS", "NEWTON_STEPS",
-                                                                 "BLOCK_KEYS", "BLOCK_DIM")})
-                constexprs = {"MODE": mode, "HAS_PADDING": padded, "HAS_COUNTS": counted, "NEWTON_STEPS": 24,
-                              "BLOCK_KEYS": 64, "BLOCK_DIM": 64}
-                compiled = triton.compile(ASTSource(fn=_decoding_step, signature=signature, constexprs=constexprs),
-                                          target=GPUTarget("cuda", arch, 32))
-                assert compiled.asm["ptx"], (arch, dtype, mode)
-print("compiled")
-"""
-
-
-@pytest.mark.skipif(ON_GPU, reason="on a GPU the tests above compile and run the kernel itself")
-def test_the_kernel_compiles_for_sm80_and_sm90_in_every_precision():
-    assert_compiles(COMPILE)

@@ -1,12 +1,11 @@
 """ReLA's sequence kernel equals the registered function of every method that declares it (outputs and gradients of
 q, k and v, under Triton's interpreter on the CPU): padding, fairseq's future mask, L0Drop's key counts, queries
 with no key, several blocks of queries and keys, and attention dropout with the kernel's own mask; the attention
-module takes it exactly where it applies, and it compiles for the GPUs our users train on."""
+module takes it exactly where it applies (compiled for every GPU architecture in test_shared_memory.py)."""
 
 import pytest
 import torch
 from helpers import relatively_close
-from gpu_compilation import assert_compiles
 
 from fairseq_sparse.bench.dispatch_counts import count
 from fairseq_sparse.core.attention import AttentionContext, attention_names, get_attention
@@ -123,44 +122,3 @@ def test_the_cpu_runs_the_function_unless_asked():
     x = torch.randn(6, 2, 32)
     counter = count(lambda: module(x, x, x, need_weights=False)[0].sum().backward())
     assert FORWARD_OP not in counter.by_operation
-
-
-COMPILE = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from fairseq_sparse.core.kernels import rectified_attention as module
-shared = {"padding_ptr": "*i1", "counts_ptr": "*fp32", "seed_ptr": "*i64", "scaling": "fp32", "dropout_p": "fp32"}
-integers = ["num_queries", "num_keys", "heads", "head_dim", "q_batch_stride", "q_head_stride", "q_row_stride",
-            "k_batch_stride", "k_head_stride", "k_row_stride", "v_batch_stride", "v_head_stride", "v_row_stride",
-            "padding_batch_stride", "counts_batch_stride"]
-kernels = {module._rectified_forward: (["q_ptr", "k_ptr", "v_ptr", "out_ptr"],
-                                       ["out_batch_stride", "out_head_stride", "out_row_stride"]),
-           module._rectified_backward_keys: (["q_ptr", "k_ptr", "v_ptr", "grad_ptr", "dk_ptr", "dv_ptr"],
-                                             ["grad_batch_stride", "grad_head_stride", "grad_row_stride"]),
-           module._rectified_backward_queries: (["q_ptr", "k_ptr", "v_ptr", "grad_ptr", "dq_ptr"],
-                                                ["grad_batch_stride", "grad_head_stride", "grad_row_stride"])}
-constants = ("MODE", "CAUSAL", "HAS_PADDING", "HAS_COUNTS", "DROPOUT", "BLOCK_Q", "BLOCK_K", "BLOCK_DIM")
-for arch in (80, 90):
-    for dtype in ("fp32", "bf16", "fp16"):
-        for fn, (pointers, more_integers) in kernels.items():
-            # ReLU with nothing optional, GeLU (the activation with most arithmetic) with everything
-            for mode, (causal, padded, counted, dropout) in ((0, (False,) * 4), (2, (True,) * 4)):
-                signature = {name: f"*{dtype}" for name in pointers}
-                signature.update(shared)
-                signature.update({name: "i32" for name in integers + more_integers})
-                signature.update({name: "constexpr" for name in constants})
-                constexprs = {"MODE": mode, "CAUSAL": causal, "HAS_PADDING": padded, "HAS_COUNTS": counted,
-                              "DROPOUT": dropout, "BLOCK_Q": module.BLOCK_QUERIES, "BLOCK_K": module.BLOCK_KEYS,
-                              "BLOCK_DIM": 64}
-                compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                                          target=GPUTarget("cuda", arch, 32))
-                assert compiled.asm["ptx"], (arch, dtype, fn.__name__, mode)
-print("compiled")
-"""
-
-
-@pytest.mark.skipif(ON_GPU, reason="on a GPU the tests above compile and run the kernels themselves")
-def test_the_kernels_compile_for_sm80_and_sm90_in_every_precision():
-    assert_compiles(COMPILE)
-

@@ -94,3 +94,22 @@ def test_nothing_of_size_t_by_s_is_kept_for_the_backward_pass(name, cross, fused
     t_by_s = batch * heads * length * length
     assert _largest_saved(lambda: module(x, memory, memory, need_weights=False)) < t_by_s
     assert _largest_saved(lambda: module(x, memory, memory, need_weights=True)) >= t_by_s
+
+
+@pytest.mark.parametrize("name", ["rela_g", "topk"])
+def test_where_no_tiles_fit_the_module_takes_the_reference_path(name, fused, monkeypatch):
+    """A card, dtype and head size without tiles (``tiles.sequence_tiles`` answers None, as for float32 at d_h 256 on a
+    T4) never launch the kernel: the module computes the call as ``--attn-impl reference`` does, without an error."""
+    from fairseq_sparse.core.kernels import tiles
+
+    monkeypatch.setattr(tiles, "sequence_tiles", lambda kernel, q: None)
+    modules = {}
+    for impl in ("auto", "reference"):
+        torch.manual_seed(5)
+        modules[impl] = SparseMultiheadAttention(32, 2, attn_fn=name, attn_k=3, impl=impl,
+                                                 self_attention=True).to(DEVICE).train()
+    x = torch.randn(9, 2, 32, device=DEVICE)
+    counter = count(lambda: modules["auto"](x, x, x, need_weights=False))
+    assert _kernel_calls(name, counter) == (0, 0)
+    assert relatively_close(modules["auto"](x, x, x, need_weights=False)[0],
+                            modules["reference"](x, x, x, need_weights=False)[0])

@@ -1,13 +1,12 @@
 """Top-k's sequence kernel equals the registered function (outputs and gradients of q, k and v, under Triton's
 interpreter on the CPU): padding, fairseq's future mask, queries with fewer than k keys or none, keys tied with
 the k-th score, several blocks of queries and keys, k from 1 to more than the keys, and attention dropout with the
-kernel's own mask; the attention module takes it exactly where it applies, and it compiles for the GPUs our users
-train on."""
+kernel's own mask; the attention module takes it exactly where it applies (compiled for every GPU architecture in
+test_shared_memory.py)."""
 
 import pytest
 import torch
 from helpers import relatively_close
-from gpu_compilation import assert_compiles
 
 from fairseq_sparse.bench.dispatch_counts import count
 from fairseq_sparse.core.attention import AttentionContext, get_attention
@@ -120,42 +119,3 @@ def test_the_module_keeps_its_other_paths_where_the_kernel_does_not_apply(fused)
     for counter in (weights_asked, counted, too_many):
         assert FORWARD_OP not in counter.by_operation
     assert plain.by_operation.get(FORWARD_OP) == 1
-
-
-COMPILE = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from fairseq_sparse.core.kernels import topk_attention as module
-shared = {"padding_ptr": "*i1", "seed_ptr": "*i64", "scaling": "fp32", "dropout_p": "fp32"}
-integers = ["num_queries", "num_keys", "heads", "head_dim", "q_batch_stride", "q_head_stride", "q_row_stride",
-            "k_batch_stride", "k_head_stride", "k_row_stride", "v_batch_stride", "v_head_stride", "v_row_stride",
-            "padding_batch_stride"]
-rows = {"kth_ptr": "*fp32", "lse_ptr": "*fp32"}
-kernels = {module._topk_forward: (["q_ptr", "k_ptr", "v_ptr", "out_ptr"], dict(rows, attended="i32"), {"K_SLOTS": 8}),
-           module._topk_backward_keys: (["q_ptr", "k_ptr", "v_ptr", "grad_ptr", "dk_ptr", "dv_ptr"],
-                                        dict(rows, delta_ptr="*fp32"), {}),
-           module._topk_backward_queries: (["q_ptr", "k_ptr", "v_ptr", "grad_ptr", "dq_ptr"],
-                                           dict(rows, delta_ptr="*fp32"), {})}
-for arch in (80, 90):
-    for dtype in ("fp32", "bf16", "fp16"):
-        for fn, (pointers, more, more_constants) in kernels.items():
-            for options in ((False,) * 3, (True,) * 3):  # nothing optional; causal, padding and dropout
-                signature = {name: f"*{dtype}" for name in pointers}
-                signature.update(shared)
-                signature.update(more)
-                signature.update({name: "i32" for name in integers})
-                constexprs = dict(zip(("CAUSAL", "HAS_PADDING", "DROPOUT"), options), BLOCK_Q=module.BLOCK_QUERIES,
-                                  BLOCK_K=module.BLOCK_KEYS, BLOCK_DIM=64, **more_constants)
-                signature.update({name: "constexpr" for name in constexprs})
-                compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                                          target=GPUTarget("cuda", arch, 32))
-                assert compiled.asm["ptx"], (arch, dtype, fn.__name__, options)
-print("compiled")
-"""
-
-
-@pytest.mark.skipif(ON_GPU, reason="on a GPU the tests above compile and run the kernels themselves")
-def test_the_kernels_compile_for_sm80_and_sm90_in_every_precision():
-    assert_compiles(COMPILE)
-

@@ -4,10 +4,15 @@
 For every registered attention function (placed where its paper puts it, as in
 ``fairseq_sparse.bench.run``), both L0Drop variants and stock fairseq's Transformer (the ``fairseq``
 row, with the softmax row's weights), one model is built on the CPU, copied to
-``--device``, and both copies run the same teacher-forced batch in eval mode and float32
-(TF32 matmuls off), and the same target decoded incrementally, one step at a time, as
-``fairseq-generate`` does (where a CUDA device takes the decoding-step kernels of
-``core/kernels/``, the CPU the registered functions). The table gives the max abs difference of the
+``--device``, and both copies run the same teacher-forced batch in eval mode and float32, with
+TF32 off both for torch's matmuls and for the kernels' products (which follow torch's setting:
+``core/kernels/tiles.dot_precision``), and the same target decoded incrementally, one step at a
+time, as ``fairseq-generate`` does (where a CUDA device takes the kernels of ``core/kernels/``, the
+CPU the registered functions). ``--dtype bf16`` (or fp16) compares within the device instead: the
+model in that precision with the device's kernels against the same weights through
+``--attn-impl reference`` on the same device (the CPU's half-precision matmuls are not the
+GPU's); the kernels compute scores in float32 where the reference rounds them to half, so small
+differences there are expected, and top-k may keep other keys near ties. The table gives the max abs difference of the
 logits both ways, the largest logit (for scale), the fraction of positions whose argmax token
 agrees and the largest difference of the parameters' gradients (of the teacher-forced logits'
 weighted sum) relative to the largest gradient. The script exits 1 if any row's logits differ by
@@ -36,6 +41,10 @@ from fairseq_sparse.bench.common import (FAIRSEQ, L0DROP, stock_architectures, b
                                          make_batch, random_sentences, row_sublayers, synthetic_dictionary)
 
 L0DROP_EVERY_LAYER = "l0drop_every_layer"
+# --dtype -> (the model's dtype, default logit tolerance, default relative gradient tolerance)
+# (in half precision the logit tolerance is relative to the largest logit: bf16's step at 8-16 is 0.0625)
+DTYPE_TOLERANCES = {"fp32": (1e-4, 1e-3), "bf16": (2e-2, 5e-2), "fp16": (2e-2, 5e-2)}
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask and attn_mask is deprecated")
 
 
@@ -50,9 +59,15 @@ def parse_args(argv=None):
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--k", type=int, default=DEFAULT_K)
     parser.add_argument("--pruned", "--sparsity", type=float, default=0.45, help="fraction of source encodings the L0Drop rows prune")
-    parser.add_argument("--tolerance", type=float, default=1e-4, help="largest max abs logit difference that passes")
-    parser.add_argument("--gradient-tolerance", type=float, default=1e-3,
-                        help="largest max abs gradient difference, relative to the largest gradient, that passes")
+    parser.add_argument("--dtype", choices=sorted(DTYPE_TOLERANCES), default="fp32",
+                        help="fp32: the device against the CPU; bf16 / fp16: the device's kernels against the device's "
+                             "reference path in that precision (default: %(default)s)")
+    parser.add_argument("--tolerance", type=float,
+                        help="largest max abs logit difference that passes (default: 1e-4 in fp32; in half precision 2e-2 "
+                             "times the largest logit)")
+    parser.add_argument("--gradient-tolerance", type=float,
+                        help="largest max abs gradient difference, relative to the largest gradient, that passes "
+                             "(default: 1e-3 in fp32, 5e-2 in half)")
     parser.add_argument("--device-attn-impl", choices=ATTN_IMPLS, default=ATTN_IMPLS[0],
                         help="--attn-impl of the device's copy (the CPU's: auto; default: %(default)s)")
     parser.add_argument("--seed", type=int, default=1)
@@ -65,6 +80,9 @@ def parse_args(argv=None):
             parser.error(f"unknown row {name!r}; valid choices: {', '.join(known)}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device")
+    default_logits, default_gradients = DTYPE_TOLERANCES[args.dtype]
+    args.tolerance = default_logits if args.tolerance is None else args.tolerance
+    args.gradient_tolerance = default_gradients if args.gradient_tolerance is None else args.gradient_tolerance
     return args
 
 
@@ -111,13 +129,22 @@ def gradients(model, batch) -> Dict[str, torch.Tensor]:
     return {name: p.grad.float().cpu() for name, p in model.named_parameters() if p.grad is not None}
 
 
+def with_impl(model, impl: str):
+    for module in model.modules():
+        if isinstance(module, SparseMultiheadAttention):
+            module.impl = impl
+    return model
+
+
 def compare(row: str, args, dictionary, batch) -> Dict[str, float]:
     model = cpu_model(row, args, dictionary, batch).eval()
-    other = copy.deepcopy(model).to(args.device).eval()
-    for module in other.modules():
-        if isinstance(module, SparseMultiheadAttention):
-            module.impl = args.device_attn_impl
+    other = with_impl(copy.deepcopy(model).to(args.device).eval(), args.device_attn_impl)
     moved = {k: v.to(args.device) for k, v in batch.items()}
+    if args.dtype != "fp32":  # within the device: its reference path in the same precision
+        dtype = TORCH_DTYPES[args.dtype]
+        model = with_impl(copy.deepcopy(model).to(args.device, dtype).eval(), "reference")
+        other = other.to(dtype)
+        batch = moved
     with torch.no_grad():
         logits = model(**batch)[0].float()
         logits_other = other(**moved)[0].float().cpu()
@@ -143,9 +170,14 @@ def main(argv: List[str] = None) -> int:
     sources = random_sentences(dictionary, args.batch_size, args.src_len, args.seed)
     batch, _ = make_batch(sources, sources, dictionary, "cpu")
     device_name = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else args.device
-    print(f"CPU vs {args.device} ({device_name}): {args.arch}, float32, eval mode, TF32 off, batch {args.batch_size} "
+    compared = (f"CPU vs {args.device} ({device_name}): {args.arch}, float32 (TF32 off for torch's matmuls and the "
+                f"kernels' products alike)" if args.dtype == "fp32" else
+                f"{args.device} ({device_name}) --attn-impl {args.device_attn_impl} vs the same device's --attn-impl "
+                f"reference: {args.arch}, {args.dtype}")
+    print(f"{compared}, eval mode, batch {args.batch_size} "
           f"random sentences of {max(2, args.src_len // 2)}-{args.src_len} tokens, teacher forcing and incremental decoding, "
-          f"the device's --attn-impl {args.device_attn_impl}; pass: max |Δ logits| ≤ {args.tolerance:g} and "
+          f"the device's --attn-impl {args.device_attn_impl}; pass: max |Δ logits| ≤ {args.tolerance:g}"
+          f"{'' if args.dtype == 'fp32' else ' x max(1, max |logit|)'} and "
           f"max |Δ gradient| / max |gradient| ≤ {args.gradient_tolerance:g}\n")
     print("| row | sublayers | max abs Δ logits | max abs Δ logits, decoding | max abs logit | argmax agreement "
           "| max abs Δ gradients (relative) | result |")
@@ -158,7 +190,8 @@ def main(argv: List[str] = None) -> int:
             failed.append(row)
             print(f"| {row} | {describe(row)} | - | - | - | - | - | ERROR {type(err).__name__}: {str(err)[:200]} |", flush=True)
             continue
-        ok = max(r["diff"], r["decode_diff"]) <= args.tolerance and r["grad_diff"] <= args.gradient_tolerance
+        allowed = args.tolerance * (max(1.0, r["scale"]) if args.dtype != "fp32" else 1.0)
+        ok = max(r["diff"], r["decode_diff"]) <= allowed and r["grad_diff"] <= args.gradient_tolerance
         if not ok:
             failed.append(row)
         print(f"| {row} | {describe(row)} | {r['diff']:.2e} | {r['decode_diff']:.2e} | {r['scale']:.2f} | {r['agree']:.1%} | "

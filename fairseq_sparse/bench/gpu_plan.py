@@ -31,13 +31,21 @@ RUN_OPTIONS = ["--device", "cuda", "--arch", "transformer_sparse", "--beam", "4"
                "--long-lengths", "512", "1024", "2048", "4096"]
 # Document lengths: where top-k and the patterns gather their keys (modules/gathered_attention.py).
 MEMORY_LENGTHS = ["512", "1024", "2048", "4096"]
-# The speed profile (the users' regime in about 8 minutes on one H100/H200): the issue's lengths, the
-# run's default rows plus the patterns the document-level table compares, 3 repetitions.
-SPEED_MEMORY_LENGTHS = ["1024", "4096"]
-SPEED_RUN_OPTIONS = ["--device", "cuda", "--arch", "transformer_sparse", "--beam", "4", "--batch-size", "128",
-                     "--long-lengths", "1024", "4096", "--long-batch-size", "1", "--repeats", "3",
-                     "--functions", "topk", "hard", "rela_g", "sparsemax", "entmax15", "entmax_alpha", "l0drop",
-                     "window", "block", "dilated", "bigbird", "topk_oow"]
+# The speed profile: the users' regime in one call of 10 minutes on one H100/H200 (issue 73's measurements), bf16.
+# Training steps at 512-8,192 tokens (one sequence each) against stock fairseq, for the methods whose training a
+# kernel or a gathered path speeds up; decoding (beam 4, batch 1 and 128) against softmax, for those with a
+# decoding-step kernel and L0Drop's compressed memory; 3 repetitions (the median).
+SPEED_TRAIN_FUNCTIONS = ["topk", "window", "block", "rela_g", "hard"]
+SPEED_TRAIN_LENGTHS = ["512", "1024", "2048", "4096", "8192"]
+SPEED_DECODE_FUNCTIONS = ["hard", "topk", "rela_g", "l0drop"]
+SPEED_RUN_COMMON = ["--device", "cuda", "--arch", "transformer_sparse", "--repeats", "3"]
+SPEED_TRAIN_OPTIONS = [*SPEED_RUN_COMMON, "--skip-decode", "--long-lengths", *SPEED_TRAIN_LENGTHS,
+                       "--long-batch-size", "1", "--functions", *SPEED_TRAIN_FUNCTIONS]
+SPEED_DECODE_OPTIONS = [*SPEED_RUN_COMMON, "--skip-train", "--beam", "4", "--batch-size", "128",
+                        "--functions", *SPEED_DECODE_FUNCTIONS]
+# Peak memory of one self-attention sublayer (forward and backward) of the same training rows, up to 8,192 tokens.
+SPEED_MEMORY_LENGTHS = ["1024", "4096", "8192"]
+SPEED_MEMORY_FUNCTIONS = ["softmax", *SPEED_TRAIN_FUNCTIONS]
 # --attn-impl flex (the patterns through FlexAttention): every pattern that has a mask_mod in the full profile,
 # the two the issue's document-length targets name (and BigBird's random keys, for equality) in the speed profile.
 FLEX_FUNCTIONS = [name for name in attention_names() if get_attention(name).flex_mask is not None]
@@ -124,46 +132,80 @@ def train_steps(data: Path, updates: int, timeout: float) -> List[ReportStep]:
 def benchmark_steps(report_dir: Path, timeout: float, run_timeout: float, dtype: str = "bf16",
                     profile: str = "full", csv_name: str = "speed.csv") -> List[ReportStep]:
     """The benchmarks of fairseq_sparse.bench on the GPU, in ``dtype``; run.py's CSV goes beside the report.
-    The ``speed`` profile keeps the users' regime's measurements only (memory and run, fewer lengths), after
-    checking the rows whose path on a GPU differs from the CPU's (the decoding-step kernels, FlexAttention)."""
+    The ``speed`` profile keeps the users' regime's measurements only (``speed_steps``)."""
+    if profile == "speed":
+        return speed_steps(report_dir, timeout, run_timeout, dtype, csv_name)
     python = sys.executable
-    equality_rows = [] if profile != "speed" else ["--functions", *SPEED_EQUALITY_FUNCTIONS]
     steps = [ReportStep("equality", "equality", "CPU vs CUDA logits of the same weights, per function:",
-                  command=[python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda", *equality_rows],
-                  timeout=timeout),
+                  command=[python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda"], timeout=timeout),
              ReportStep("operations", "operations", "Hard Retrieval Table 2, per-operation times:",
                   command=[python, "-m", "fairseq_sparse.bench.operations", "--device", "cuda"], timeout=timeout)]
-    lengths, run_options = MEMORY_LENGTHS, RUN_OPTIONS
-    flex_equality, flex_run = FLEX_FUNCTIONS, FLEX_FUNCTIONS
-    if profile == "speed":
-        lengths, run_options = SPEED_MEMORY_LENGTHS, SPEED_RUN_OPTIONS
-        flex_equality, flex_run = SPEED_FLEX_EQUALITY_FUNCTIONS, SPEED_FLEX_RUN_FUNCTIONS
     steps.append(ReportStep("equality flex", "equality",
                       "CPU vs CUDA with --attn-impl flex on CUDA (FlexAttention, compiled), logits and gradients:",
                       command=[python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda",
-                               "--device-attn-impl", "flex", "--functions", *flex_equality], timeout=timeout))
+                               "--device-attn-impl", "flex", "--functions", *FLEX_FUNCTIONS], timeout=timeout))
     for causal in (False, True):
         steps.append(ReportStep("memory causal" if causal else "memory", "memory",
                           f"peak memory, {'decoder (causal)' if causal else 'encoder'} self-attention, {dtype}:",
                           command=[python, "-m", "fairseq_sparse.bench.memory", "--device", "cuda", "--dtype", dtype,
-                                   "--lengths", *lengths, "--functions", *attention_names()]
+                                   "--lengths", *MEMORY_LENGTHS, "--functions", *attention_names()]
                           + (["--causal"] if causal else []),
                           timeout=timeout))
     steps.append(ReportStep("memory flex", "memory", f"peak memory, encoder self-attention, --attn-impl flex, {dtype}:",
                       command=[python, "-m", "fairseq_sparse.bench.memory", "--device", "cuda", "--dtype", dtype,
-                               "--attn-impl", "flex", "--lengths", *lengths, "--functions", *flex_run],
+                               "--attn-impl", "flex", "--lengths", *MEMORY_LENGTHS, "--functions", *FLEX_FUNCTIONS],
                       timeout=timeout))
     steps.append(ReportStep("run", "run", f"train / decode throughput vs stock fairseq and softmax, {dtype}:",
-                      command=[python, "-m", "fairseq_sparse.bench.run", *run_options, "--dtype", dtype,
+                      command=[python, "-m", "fairseq_sparse.bench.run", *RUN_OPTIONS, "--dtype", dtype,
                                "--csv", str(report_dir / csv_name)],
                       timeout=run_timeout))
-    flex_options = _without_option(run_options, "--functions")
+    flex_options = _without_option(RUN_OPTIONS, "--functions")
     steps.append(ReportStep("run flex", "run", f"the same with --attn-impl flex for the patterns (compilation in the warm-up), {dtype}:",
-                      command=[python, "-m", "fairseq_sparse.bench.run", *flex_options, "--functions", *flex_run,
+                      command=[python, "-m", "fairseq_sparse.bench.run", *flex_options, "--functions", *FLEX_FUNCTIONS,
                                "--attn-impl", "flex", "--dtype", dtype,
                                "--csv", str(report_dir / csv_name.replace(".csv", ".flex.csv"))],
                       timeout=run_timeout))
     return steps
+
+
+def speed_steps(report_dir: Path, timeout: float, run_timeout: float, dtype: str = "bf16",
+                csv_name: str = "speed.csv") -> List[ReportStep]:
+    """The users' regime, most wanted first (a --budget cuts the last steps): the kernels against the reference in
+    float32 (CPU vs CUDA, TF32 off for torch and kernels alike) and in ``dtype`` (the device's kernels against the
+    same device's reference path), ``dtype`` training speed at 512-8,192 tokens against stock fairseq, ``dtype``
+    decoding speed against softmax, peak memory; then window and block through FlexAttention."""
+    python = sys.executable
+    equality = [python, "-m", "fairseq_sparse.bench.cuda_equality", "--device", "cuda"]
+    run = [python, "-m", "fairseq_sparse.bench.run"]
+    memory = [python, "-m", "fairseq_sparse.bench.memory", "--device", "cuda", "--dtype", dtype,
+              "--lengths", *SPEED_MEMORY_LENGTHS]
+    return [
+        ReportStep("equality", "equality", "CPU vs CUDA logits and gradients of the same weights, float32, per function "
+                   "with a kernel:", command=[*equality, "--functions", *SPEED_EQUALITY_FUNCTIONS], timeout=timeout),
+        ReportStep(f"equality {dtype}", "equality",
+                   f"CUDA kernels vs CUDA reference path (--attn-impl reference), {dtype}, same weights:",
+                   command=[*equality, "--dtype", dtype, "--functions", *SPEED_EQUALITY_FUNCTIONS], timeout=timeout),
+        ReportStep("run train", "run", f"train steps at {SPEED_TRAIN_LENGTHS[0]}-{SPEED_TRAIN_LENGTHS[-1]} tokens vs "
+                   f"stock fairseq, {dtype}:", command=[*run, *SPEED_TRAIN_OPTIONS, "--dtype", dtype, "--csv",
+                                                        str(report_dir / csv_name.replace(".csv", ".train.csv"))],
+                   timeout=run_timeout),
+        ReportStep("run decode", "run", f"beam-4 decoding (batch 1 and 128) vs softmax, {dtype}:",
+                   command=[*run, *SPEED_DECODE_OPTIONS, "--dtype", dtype, "--csv",
+                            str(report_dir / csv_name.replace(".csv", ".decode.csv"))], timeout=run_timeout),
+        ReportStep("memory", "memory", f"peak memory, encoder self-attention, {dtype}:",
+                   command=[*memory, "--functions", *SPEED_MEMORY_FUNCTIONS], timeout=timeout),
+        ReportStep("memory causal", "memory", f"peak memory, decoder (causal) self-attention, {dtype}:",
+                   command=[*memory, "--functions", *SPEED_MEMORY_FUNCTIONS, "--causal"], timeout=timeout),
+        ReportStep("equality flex", "equality",
+                   "CPU vs CUDA with --attn-impl flex on CUDA (FlexAttention, compiled), logits and gradients:",
+                   command=[*equality, "--device-attn-impl", "flex", "--functions", *SPEED_FLEX_EQUALITY_FUNCTIONS],
+                   timeout=timeout),
+        ReportStep("run train flex", "run", f"train steps of window and block with --attn-impl flex (compilation in "
+                   f"the warm-up), {dtype}:",
+                   command=[*run, *_without_option(SPEED_TRAIN_OPTIONS, "--functions"), "--functions",
+                            *SPEED_FLEX_RUN_FUNCTIONS, "--attn-impl", "flex", "--dtype", dtype, "--csv",
+                            str(report_dir / csv_name.replace(".csv", ".flex.csv"))], timeout=run_timeout),
+    ]
 
 
 def _without_option(options: List[str], name: str) -> List[str]:

@@ -107,6 +107,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions; the median is reported")
     parser.add_argument("--pruned", "--sparsity", type=float, default=0.45, help="fraction of source encodings the l0drop row prunes")
     parser.add_argument("--skip-train", action="store_true", help="time decoding only (the long train steps too are skipped)")
+    parser.add_argument("--skip-decode", action="store_true",
+                        help="time train steps only (the GPU report times training and decoding of different rows)")
     parser.add_argument("--long-lengths", nargs="*", type=int, default=[], metavar="L",
                         help="also time a train step on --long-batch-size random sequences of exactly L source and "
                              "L target tokens, per L (e.g. 512 1024; default: none)")
@@ -128,6 +130,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error("--device cuda: no CUDA device")
     if args.single_sentences < 1 or args.batch_size < 1 or args.repeats < 1 or args.long_batch_size < 1:
         parser.error("--batch-size, --single-sentences, --long-batch-size and --repeats must be positive")
+    if args.skip_train and args.skip_decode:
+        parser.error("--skip-train and --skip-decode: nothing left to time")
     if any(length < 2 for length in args.long_lengths):
         parser.error("--long-lengths: every length must be at least 2 (EOS included)")
     args.long_lengths = list(dict.fromkeys(args.long_lengths))

@@ -90,7 +90,9 @@ def timed_jobs(models: Models, args: argparse.Namespace, dictionary: Dictionary,
         for batch in singles:
             decoders[row](batch)
 
-    jobs: Dict[str, Job] = {"decode1": decode_singles, "decodeN": lambda row: decoders[row](large)}
+    jobs: Dict[str, Job] = {}
+    if not getattr(args, "skip_decode", False):
+        jobs.update(decode1=decode_singles, decodeN=lambda row: decoders[row](large))
     units = {"train": int(target.ne(dictionary.pad()).sum()), "decode1": len(singles), "decodeN": len(large["src_tokens"])}
     if not args.skip_train:
         jobs["train"] = functools.partial(train_step, batch=large, batch_target=target)

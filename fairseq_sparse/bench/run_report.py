@@ -52,9 +52,12 @@ def _absolute(name: str, r: Dict, units: Dict[str, int]) -> str:
     # --skip-train leaves the train step unmeasured (NaN): say nothing of it
     train = ("" if math.isnan(r['train_seconds']) else f"train {r['train_per_second']:,.0f} target tok/s "
              f"({r['train_seconds']:.3f} s per step of {units['train']} target tokens); ")
-    return (f"{name}, absolute: {train}decode batch 1 {r['decode1_per_second']:.2f} sent/s ({r['decode1_seconds']:.3f} s "
-            f"for {units['decode1']} sentences); decode batch {units['decodeN']} {r['decodeN_per_second']:.2f} sent/s "
-            f"({r['decodeN_seconds']:.3f} s)")
+    # --skip-decode leaves the decoding unmeasured: say nothing of it either
+    decode = ("" if math.isnan(r['decode1_seconds']) else
+              f"decode batch 1 {r['decode1_per_second']:.2f} sent/s ({r['decode1_seconds']:.3f} s for {units['decode1']} "
+              f"sentences); decode batch {units['decodeN']} {r['decodeN_per_second']:.2f} sent/s "
+              f"({r['decodeN_seconds']:.3f} s)")
+    return f"{name}, absolute: {train}{decode}".rstrip("; ")
 
 
 def throughput_table(results: Dict[str, Dict], args: argparse.Namespace, achieved: Optional[float],
@@ -100,7 +103,7 @@ def targets_table(results: Dict[str, Dict], n_large: int) -> List[str]:
         ratios = []
         for job in ("decode1", "decodeN"):
             ratio = results[reference][f"{job}_seconds"] / results[row][f"{job}_seconds"]
-            ratios.append(f"{ratio:.2f}× {'met' if ratio >= minimum else 'MISSED'}")
+            ratios.append("not measured" if math.isnan(ratio) else f"{ratio:.2f}× {'met' if ratio >= minimum else 'MISSED'}")
         lines.append(f"| {label} | ≥ {minimum:.2f}× | {ratios[0]} | {ratios[1]} |")
     return lines
 

@@ -107,19 +107,27 @@ def test_gpu_report_dry_run_prints_the_plan():
 
 
 def test_gpu_report_speed_profile_measures_the_users_regime_into_results():
-    """--profile speed: equality, memory and run only (each also with --attn-impl flex), in bf16 by default, the
-    report under results/bench named by device."""
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-report.sh"), "--profile", "speed", "--dry-run"],
-                            capture_output=True, text=True, timeout=300)
+    """--profile speed lists every measurement of the users' regime, in bf16 by default, the report under
+    results/bench named by device: the kernels against the reference in float32 and bf16; bf16 training at 512-8,192
+    tokens against stock fairseq for top-k, window, block, ReLA-g and hard retrieval; bf16 decoding against softmax
+    for hard retrieval, top-k, ReLA-g and L0Drop; peak memory; then window and block through FlexAttention."""
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-report.sh"), "--profile", "speed", "--budget", "540",
+                             "--dry-run"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     text = result.stdout
-    assert "[train]" not in text and "[operations]" not in text and "plan: 8 steps" in text
-    assert "fairseq_sparse.bench.memory --device cuda --dtype bf16 --lengths 1024 4096" in text
-    assert "--long-lengths 1024 4096" in text and "--dtype bf16 --csv" in text
+    assert "[train]" not in text and "[operations]" not in text and "plan: 9 steps" in text
+    kernels = "--functions entmax15 hard rela_g rela_g_gelu rela_g_layernorm rela_g_leaky_relu rela_i relu relu_rmsnorm"
+    assert f"cuda_equality --device cuda {kernels}" in text and f"cuda_equality --device cuda --dtype bf16 {kernels}" in text
+    assert ("bench.run --device cuda --arch transformer_sparse --repeats 3 --skip-decode --long-lengths 512 1024 2048 "
+            "4096 8192 --long-batch-size 1 --functions topk window block rela_g hard --dtype bf16 --csv") in text
+    assert ("bench.run --device cuda --arch transformer_sparse --repeats 3 --skip-train --beam 4 --batch-size 128 "
+            "--functions hard topk rela_g l0drop --dtype bf16 --csv") in text
+    assert ("bench.memory --device cuda --dtype bf16 --lengths 1024 4096 8192 --functions softmax topk window block "
+            "rela_g hard") in text
     assert "--device-attn-impl flex --functions window block bigbird" in text
     assert "--functions window block --attn-impl flex --dtype bf16 --csv" in text and "_bf16.speed.flex.csv" in text
     device = "nogpu" if not torch.cuda.is_available() else ""
-    assert f"results/bench/gpu_{device}" in text and "_bf16.md" in text and "_bf16.speed.csv" in text
+    assert f"results/bench/gpu_{device}" in text and "_bf16.md" in text and "_bf16.speed.train.csv" in text
     fp16 = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-report.sh"), "--profile", "speed", "--dtype", "fp16",
                            "--dry-run"], capture_output=True, text=True, timeout=300)
     assert "--dtype fp16 --lengths" in fp16.stdout and "_fp16.md" in fp16.stdout
@@ -144,3 +152,17 @@ def test_run_without_the_train_step_says_not_measured():
     row = next(line for line in table.splitlines() if line.startswith("| topk |"))
     assert "not measured | not measured" in row and "nan" not in row
     assert "nan" not in table and "softmax, absolute: decode batch 1 " in table
+
+
+def test_run_without_decoding_times_the_train_steps_only():
+    """--skip-decode (the GPU report times training and decoding of different rows): the train columns and the
+    long steps are measured, the decoding columns say not measured, and nothing prints NaN."""
+    result = run("run.py", *TINY_MODEL, "--batch-size", "2", "--single-sentences", "1", "--src-len", "6",
+                 "--decode-len", "2", "--repeats", "1", "--vocab", "50", "--functions", "topk", "--skip-decode",
+                 "--long-lengths", "12")
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = result.stdout[result.stdout.index("## Throughput"):]
+    row = next(line for line in table.splitlines() if line.startswith("| topk |"))
+    assert row.count("not measured") >= 2 and "nan" not in table
+    assert "| function | L=12 ×fairseq | L=12 ×softmax |" in table and "softmax, absolute: train " in table
+    assert "decode batch 1 ×" not in table.split("softmax, absolute: train ")[1].splitlines()[0]

@@ -84,9 +84,6 @@ class CheckpointIdentity:
             entries.append(("L0Drop gate parameters", sum(GATE_PARAMETER in key for key in parameters)))
         return cls(tuple(entries))
 
-    def value(self, what: str):
-        return dict(self.entries)[what]
-
 
 def differences(one: CheckpointIdentity, other: CheckpointIdentity) -> List[Tuple[str, object, object]]:
     """(what, one's value, other's value) where they differ; a language that one of them does not record
@@ -112,7 +109,7 @@ def _parameters_differ(what: str, trained, asked) -> bool:
     return what != "--encoder-prune-pattern"
 
 
-def _why(what: str, trained, asked, path: str) -> str:
+def _why(what: str, asked) -> str:
     if what in ("--l0drop", "--l0drop-every-layer"):
         return ("it has no such L0Drop gates, which would decode from their initialisation" if asked else
                 "the gates it was trained with would be left out")
@@ -128,7 +125,7 @@ def check_overrides(trained: CheckpointIdentity, asked: CheckpointIdentity, over
     for what, old, new in differences(trained, asked):
         if _parameters_differ(what, old, new):
             raise UsageError(f"--model-overrides {overrides}: {path} was trained with {what} {old!r}, not {new!r}: "
-                             f"{_why(what, old, new, path)}")
+                             f"{_why(what, new)}")
 
 
 def check_languages(model_cfg, task) -> None:
@@ -153,7 +150,8 @@ def check_languages(model_cfg, task) -> None:
         logger.warning(f"{option} {value} without {other}: {other} {guessed} guessed from the file names in {data}")
     elif not given:
         logger.info(f"language pair {reading['source_lang']}-{reading['target_lang']} guessed from the file names "
-                    f"in {data} (no --source-lang / --target-lang); recorded in the model's checkpoints")
+                    f"in {data} (no --source-lang / --target-lang given, none recorded in the model); recorded in "
+                    "the model's config from here on")
     else:
         for name, what in LANGUAGES:
             if recorded[name] != reading[name]:

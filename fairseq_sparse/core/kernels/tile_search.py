@@ -12,8 +12,9 @@ kernel's metadata ``shared`` is the shared memory one program needs, which the c
 * ``search``: for each sequence kernel family, architecture, element size and head tile, the largest (queries,
   keys) blocks of a ladder whose three kernels fit, with float32 compiled in both precisions: the table's rows.
 
-Cheap enough for the suite: compilation stops after the LLVM IR, where Triton has allocated the shared memory (PTX
-and ptxas add as much time again and nothing to the number), each distinct compilation runs once (head sizes 96
+Cheap enough for the suite: compilation stops where Triton has allocated the shared memory, at the start of its
+LLVM IR stage (the lowering to LLVM, LLVM's optimisation, PTX and ptxas take most of a compilation's time and add
+nothing to the number), each distinct compilation runs once (head sizes 96
 and 128 share the 128-wide head tile and so one binary), on every core, and its result is kept in
 ``~/.cache/fairseq-sparse/shared-memory`` under a hash of the kernel's source, Triton's version and everything the
 compilation reads. Run it in a Python without ``TRITON_INTERPRET`` (which makes every kernel an interpreted one).
@@ -33,7 +34,8 @@ from pathlib import Path
 
 import torch
 import triton
-from triton._C.libtriton import ir
+from triton._C.libtriton import ir, nvidia, passes
+from triton.backends.nvidia.compiler import get_ptx_version_from_options
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
@@ -88,8 +90,13 @@ def launches(arch: int, dtype: str, head_size: int, candidates=None):
              c.get("num_warps", 4), c.get("num_stages", 3)) for name, fn, c in result]
 
 
-def _compile_to_llir(fn, signature: dict, constexprs: dict, arch: int, num_warps: int, num_stages: int):
-    """Triton's pipeline up to the LLVM IR (where shared memory is allocated): (shared bytes, TTGIR text)."""
+def _compile_to_shared(fn, signature: dict, constexprs: dict, arch: int, num_warps: int, num_stages: int,
+                       to_llir: bool = False):
+    """(shared bytes, TTGIR text) of one kernel: Triton's own stages to the TTGIR, then the first passes of its
+    LLVM IR stage (``make_llir`` in triton/backends/nvidia/compiler.py, Triton 3.9) up to and including the
+    shared-memory allocation, whose total is the compiled kernel's metadata ``shared``; the lowering to LLVM and
+    LLVM's optimisation after it (most of a compilation's time) change nothing of it. ``to_llir``: the whole LLVM
+    IR stage instead, as ``triton.compile`` runs it (tests/core/kernels/test_shared_memory.py checks both agree)."""
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
@@ -101,15 +108,25 @@ def _compile_to_llir(fn, signature: dict, constexprs: dict, arch: int, num_warps
                             context)
     stages, metadata = {}, {}
     backend.add_stages(stages, options, source.language)
-    ttgir = ""
-    for stage in ("ttir", "ttgir", "llir"):
-        module = stages[stage](module, metadata)
-        if stage == "ttgir":
-            ttgir = str(module)
-    return metadata["shared"], ttgir
+    module = stages["ttgir"](stages["ttir"](module, metadata), metadata)
+    ttgir = str(module)
+    if to_llir:
+        stages["llir"](module, metadata)
+        return metadata["shared"], ttgir
+    capability = backend._parse_arch(options.arch)
+    manager = ir.pass_manager(module.context)
+    passes.ttgpuir.add_combine_tensor_select_and_if(manager)
+    passes.ttgpuir.add_allocate_warp_groups(manager, False)
+    passes.convert.add_scf_to_cf(manager)
+    passes.gluon.add_inliner(manager)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(manager, capability,
+                                                       get_ptx_version_from_options(options, target.arch))
+    nvidia.passes.ttnvgpuir.add_allocate_tensor_memory(manager)
+    manager.run(module, "make_llir")
+    return module.get_int_attr("ttg.shared"), ttgir
 
 
-RESULT_FORMAT = 2  # what compiled_shared keeps; a new format invalidates the cache
+RESULT_FORMAT = 3  # what compiled_shared keeps; a new format invalidates the cache
 
 
 def _cache_key(fn, signature, constexprs, arch, num_warps, num_stages) -> str:
@@ -129,7 +146,7 @@ def compiled_shared(key: str) -> dict:
     path = CACHE / f"{key}.json"
     if path.exists():
         return json.loads(path.read_text())
-    shared, ttgir = _compile_to_llir(fn, signature, constexprs, arch, num_warps, num_stages)
+    shared, ttgir = _compile_to_shared(fn, signature, constexprs, arch, num_warps, num_stages)
     # tt.dot, or on sm_90 the warp group's (wgmma); an MMA layout or wgmma: tensor cores, a blocked one: FMA
     dots = [line for line in ttgir.splitlines() if "tt.dot " in line or "warp_group_dot " in line]
     # float32 operands on tensor cores are TF32: tt.dot says so, wgmma takes float32 no other way

@@ -63,6 +63,16 @@ def _table(entries: str):
 # the architecture's shared memory, for float32 (4 bytes, compiled with the IEEE and the TF32 products, the larger of
 # the two) and float16 / bfloat16 (2 bytes), found by tile_search and checked by tests/core/kernels/test_shared_memory.py.
 RECTIFIED_TILES = _table("""
+75 4  16 64 64
+75 4  32 64 64
+75 4  64 32 64
+75 4 128 16 32
+75 4 256  0  0
+75 2  16 64 64
+75 2  32 64 64
+75 2  64 64 64
+75 2 128 32 32
+75 2 256 16 16
 80 4  16 64 64
 80 4  32 64 64
 80 4  64 64 64
@@ -77,6 +87,7 @@ RECTIFIED_TILES = _table("""
 86 4  32 64 64
 86 4  64 32 64
 86 4 128 16 32
+86 4 256  0  0
 86 2  16 64 64
 86 2  32 64 64
 86 2  64 64 64
@@ -86,6 +97,7 @@ RECTIFIED_TILES = _table("""
 89 4  32 64 64
 89 4  64 32 64
 89 4 128 16 32
+89 4 256  0  0
 89 2  16 64 64
 89 2  32 64 64
 89 2  64 64 64
@@ -103,6 +115,16 @@ RECTIFIED_TILES = _table("""
 90 2 256 64 64
 """)
 TOPK_TILES = _table("""
+75 4  16 64 64
+75 4  32 64 64
+75 4  64 32 64
+75 4 128 16 32
+75 4 256  0  0
+75 2  16 64 64
+75 2  32 64 64
+75 2  64 32 64
+75 2 128 16 32
+75 2 256  0  0
 80 4  16 64 64
 80 4  32 64 64
 80 4  64 64 64
@@ -116,6 +138,8 @@ TOPK_TILES = _table("""
 86 4  16 64 64
 86 4  32 64 64
 86 4  64 32 64
+86 4 128 16 32
+86 4 256  0  0
 86 2  16 64 64
 86 2  32 64 64
 86 2  64 64 64
@@ -124,6 +148,8 @@ TOPK_TILES = _table("""
 89 4  16 64 64
 89 4  32 64 64
 89 4  64 32 64
+89 4 128 16 32
+89 4 256  0  0
 89 2  16 64 64
 89 2  32 64 64
 89 2  64 64 64

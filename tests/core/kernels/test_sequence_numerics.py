@@ -161,3 +161,24 @@ def test_dropout_keep_at_reads_the_mask_the_kernels_draw(fused):
         torch.arange(num_keys, device=DEVICE), indexing="ij"))
     at = tiles.dropout_keep_at(seed, rows, queries, keys, num_queries, num_keys, 0.3)
     assert torch.equal(at, keep.reshape(-1))
+
+
+TABLE_BLOCKS = sorted({(entry.block_queries, entry.block_keys) for table in tiles.SEQUENCE_TILES.values()
+                       for entry in table.values() if entry is not None})
+
+
+@pytest.mark.parametrize("blocks", TABLE_BLOCKS, ids=lambda blocks: "x".join(map(str, blocks)))
+@pytest.mark.parametrize("name", ["rela_g", "topk"])
+def test_every_block_size_of_the_table_computes_the_same(name, blocks, fused, monkeypatch):
+    """The blocks a smaller card gets (queries and keys per block unequal, 16 to 64), run under the interpreter in
+    place of its 64 x 64: outputs and gradients, padded and causal (the causal walks start and stop at block
+    boundaries of either size)."""
+    monkeypatch.setattr(tiles, "INTERPRETER_TILES", tiles.Tiles(*blocks))
+    q, k, v, padding = _inputs(24, False, seed=11, length=45)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(DEVICE)
+    for pad, causal in ((padding, False), (padding, True)):
+        got, expected = _kernel(name, q, k, v, pad, 24 ** -0.5, causal), _reference(name, q, k, v, pad, 24 ** -0.5, causal)
+        assert relatively_close(got, expected), causal
+        for got_grad, expected_grad in zip(torch.autograd.grad(got, (q, k, v), grad),
+                                           torch.autograd.grad(expected, (q, k, v), grad)):
+            assert relatively_close(got_grad, expected_grad, 5e-5), causal

@@ -182,3 +182,23 @@ def test_every_block_size_of_the_table_computes_the_same(name, blocks, fused, mo
         for got_grad, expected_grad in zip(torch.autograd.grad(got, (q, k, v), grad),
                                            torch.autograd.grad(expected, (q, k, v), grad)):
             assert relatively_close(got_grad, expected_grad, 5e-5), causal
+
+
+@pytest.mark.skipif(ON_GPU, reason="records the interpreter's launches")
+@pytest.mark.parametrize("name", ["rela_g", "topk"])
+def test_sentences_times_heads_go_on_the_grid_axis_without_a_65535_cap(name, fused, monkeypatch):
+    """4,100 sentences x 16 heads = 65,600 programs per block of queries: CUDA caps grid axes 1 and 2 at 65,535, so
+    they go on axis 0 (2^31 - 1), for the forward and both backward kernels. The launches are recorded, not run."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    grids = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        grids.append((self.fn.__name__, tuple(grid)))
+
+    monkeypatch.setattr(InterpretedFunction, "run", record)
+    q, k, v = (torch.zeros(4100, 16, 2, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    out = _kernel(name, q, k, v, None, 0.25, False)
+    torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert len(grids) == 3, grids
+    assert all(grid[0] == 4100 * 16 and all(size <= 65535 for size in grid[1:]) for _, grid in grids), grids

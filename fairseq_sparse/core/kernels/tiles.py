@@ -18,7 +18,7 @@ would only find that out by failing at launch), it must be the same for every le
 benchmarks again for each new one), and a table can be checked on a machine without a GPU:
 ``tests/core/kernels/test_shared_memory.py`` compiles every kernel with its entry for every architecture, dtype and
 head size, and checks the compiled kernel's shared memory against the card's limit. ``python -m
-fairseq_sparse.core.kernels.tile_search`` compiles the candidates and prints the table.
+fairseq_sparse.core.kernels.tile_search search`` compiles the candidates and prints the table.
 """
 
 import logging

@@ -20,6 +20,8 @@ of a page with it at the decimals the page quotes (tests/experiments/test_study_
   ``.../gap@EPOCH/SEED/RUN/SOFTMAX_RUN``); ``ROW:BASE`` in place of ROW: minus row BASE's loss;
 - runs: where a seed was trained more than once the last run is on record, except study_diagnosis's
   softmax seed 1, whose first run is the table's (``RUN_ON_RECORD``);
+- ``oow_mass/LABEL/SUBLAYER/LAYER/COLUMN``: a row of ``study_documents_oow_mass.csv``
+  (``fairseq_sparse.analysis.oow_mass``);
 - ``floor/NAME/FIELD``: a noise floor of ``floors`` (``sd``, ``df``, ``t``, ``one``, ``mean2``, ``change``).
 
 ``python -m fairseq_sparse.experiments.study_numbers [RECORD]`` prints the floors.
@@ -167,6 +169,13 @@ def resolve(record: Path, reference: str) -> float:
     parts = reference.split("/")
     if parts[0] == "floor":
         return float(getattr(floors(record)[parts[1]], parts[2]))
+    if parts[0] == "oow_mass":  # oow_mass/LABEL/SUBLAYER/LAYER/COLUMN of study_documents_oow_mass.csv
+        label, sublayer, layer, column = parts[1:]
+        with open(Path(record) / "study_documents_oow_mass.csv", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                if (row["label"], row["sublayer"], row["layer"]) == (label, sublayer, layer):
+                    return float(row[column])
+        raise KeyError(f"study_documents_oow_mass.csv has no {label}/{sublayer}/{layer}")
     table, row, column, *rest = parts
     if "@" in column:
         measure, epoch = column.split("@")

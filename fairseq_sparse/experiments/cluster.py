@@ -43,7 +43,7 @@ from fairseq_sparse.experiments.errors import ConfigError, StepError
 from fairseq_sparse.experiments.outputs import TIMED_ON_NODE_MARK
 from fairseq_sparse.experiments.plan import Step
 from fairseq_sparse.experiments.resources import KINDS, Resources
-from fairseq_sparse.experiments.runner import PROGRESS, Queue, TableRun, build_queue, run_step
+from fairseq_sparse.experiments.runner import PROGRESS, Queue, TableRun, build_queue, progress_text, run_step
 from fairseq_sparse.experiments.status import job_file, recorded_job, state_of
 from fairseq_sparse.files import write_atomically
 from fairseq_sparse.processes import slurm
@@ -280,7 +280,7 @@ def _show_progress(entry: Entry) -> None:
     entry.log_offset += len(complete.encode("utf-8"))
     for line in complete.splitlines():
         if PROGRESS.search(line):
-            print(f"  [{entry.index}] {line.rstrip().split(' | ')[-1][:200]}", flush=True)
+            print(f"  [{entry.index}] {progress_text(line)}", flush=True)
 
 
 def failed_models(entries: List[Entry], unfinished: List[Entry]) -> set:

@@ -39,6 +39,12 @@ def _tail(path: Path, lines: int = 25) -> str:
 PROGRESS = re.compile(r"\| (train_inner|train|valid) \||Translated \d|averaged \d|binarised data|pairs|encodings pruned")
 
 
+def progress_text(line: str) -> str:
+    """A progress line of a command's log as the console shows it: fairseq's "date time | INFO | logger |"
+    prefix dropped, at most 200 characters."""
+    return line.rstrip().split(" | ")[-1][:200]
+
+
 def _prefix(index: int, machine: Optional[SharedMachine]) -> str:
     """Indent of a step's console lines; its number where lines of steps side by side interleave."""
     return f"  [{index}] " if machine else "      "
@@ -64,8 +70,8 @@ def run_step(step: Step, index: int, total: int, machine: Optional[SharedMachine
 def _progress(prefix: str) -> Callable[[str], None]:
     """What prints a command's progress lines (epochs, validation, decoding) to the console."""
     def show(line: str) -> None:
-        if PROGRESS.search(line):  # drop fairseq's "date time | INFO | logger |" prefix
-            print(f"{prefix}{line.rstrip().split(' | ')[-1][:200]}", flush=True)
+        if PROGRESS.search(line):
+            print(f"{prefix}{progress_text(line)}", flush=True)
     return show
 
 

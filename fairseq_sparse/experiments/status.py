@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from fairseq_sparse.experiments.completion import completion_marker, done, locked
-from fairseq_sparse.experiments.runner import PROGRESS, TableRun
+from fairseq_sparse.experiments.runner import PROGRESS, TableRun, progress_text
 from fairseq_sparse.experiments.step import Step
 from fairseq_sparse.processes import slurm
 
@@ -72,7 +72,7 @@ def last_progress(log: Path) -> str:
     if not log.is_file():
         return ""
     lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if PROGRESS.search(line)]
-    return lines[-1].rstrip().split(" | ")[-1][:200] if lines else ""
+    return progress_text(lines[-1]) if lines else ""
 
 
 def print_status(tables: List[TableRun]) -> int:

@@ -1,9 +1,12 @@
 """One row per registered attention function: what the shared tests may expect of it.
 
-A new function is tested by adding its row here (test_registry fails until it is).
+A new function is tested by adding its row here (test_registry fails until it is). A setting of a
+function beyond k (Top-k (OOW)'s window) is a row of ``SETTINGS``, keyed "FUNCTION:setting", which the
+tests of the paths that compute a function's keys take with the functions' rows (``ROWS``).
 """
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,8 @@ class Case:
     deterministic_training: bool = True
     # Defined for self-attention only (structured patterns): not placed in cross-attention.
     self_only: bool = False
+    # Top-k (OOW)'s window (--topk-oow-window; the module's oow_window), None: its default of ceil(k/2)
+    oow_window: Optional[int] = None
 
 
 CASES = {
@@ -47,3 +52,31 @@ CASES = {
 }
 
 NAMES = sorted(CASES)
+# k = 4, a window of 3 and 1 pick, where the default splits 4 as 2 + 2 (the runs' 12 as 8 + 4, scaled down)
+SETTINGS = {"topk_oow:window": Case(k=4, self_only=True, oow_window=3)}
+ROWS = NAMES + sorted(SETTINGS)
+
+
+def case_of(row: str) -> Case:
+    return CASES[row] if row in CASES else SETTINGS[row]
+
+
+def function_of(row: str) -> str:
+    return row.split(":")[0]
+
+
+def module_options(row: str, k: Optional[int] = None) -> dict:
+    """SparseMultiheadAttention's attn_fn, attn_k and settings of a row; ``k``: another k, with as many of Top-k
+    (OOW)'s picks as the row has (its window k minus them, at least 1)."""
+    case = case_of(row)
+    k = case.k if k is None else k
+    window = {} if case.oow_window is None else {"oow_window": max(1, k - (case.k - case.oow_window))}
+    return {"attn_fn": function_of(row), "attn_k": k, **window}
+
+
+def model_options(row: str, *sublayers: str) -> dict:
+    """build_model's options putting a row's function, k and settings in ``sublayers``."""
+    case = case_of(row)
+    window = {} if case.oow_window is None else {"topk_oow_window": case.oow_window}
+    return {**{f"{sublayer}_attn_fn": function_of(row) for sublayer in sublayers}, "attn_k": case.k, **window}
+

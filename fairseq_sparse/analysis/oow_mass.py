@@ -2,11 +2,12 @@
 the picks beyond the window, per sublayer and layer (results/study/README.md, "Why Top-k (OOW) loses").
 
 The window of a query is what ``topk_oow`` takes first: its ceil(k/2) nearest visible keys in
-``window``'s neighbour order (itself, the key before, the key after, ...); the rest of the weight a
-query gives lies on the floor(k/2) keys picked by score outside the window. Weights are the model's own
-(``collect.AttentionRecorder``, need_weights), so the selection is the model's; the window is computed
-here from the positions of the real tokens. Only queries that see more than ceil(k/2) keys count (the
-others have no picks).
+``window``'s neighbour order (itself, the key before, the key after, ...), or as many as the model's
+``--topk-oow-window``; the rest of the weight a query gives lies on the other keys of k, picked by score outside
+the window. Weights are the model's own (``collect.AttentionRecorder``, need_weights), so the selection is the
+model's; the window is computed here from the positions of the real tokens. Only queries that see more keys
+than the window holds count (the others have no picks). A model with a window given writes a ``window``
+column, so its rows go to a CSV of their own.
 
     python -m fairseq_sparse.analysis.oow_mass DATA --path CHECKPOINT [--split valid] [--max-sentences N] [--out CSV]
 """
@@ -24,8 +25,9 @@ from ..core.attention.structured import neighbour_rank, smallest_ranks, topk_oow
 from .collect import batches, load
 
 
-def window_keys(valid: Tensor, k: int) -> Tensor:
-    """(B, T, S) bool: each query's ceil(k/2) nearest valid keys in the neighbour order.
+def window_keys(valid: Tensor, k: int, window: Optional[int] = None) -> Tensor:
+    """(B, T, S) bool: each query's ceil(k/2) (or ``window``: ``topk_oow_split``) nearest valid keys in the
+    neighbour order.
 
     Real tokens are contiguous within a row (left- or right-padded), so offsets between indices are
     offsets between real-token positions."""
@@ -35,22 +37,22 @@ def window_keys(valid: Tensor, k: int) -> Tensor:
         rank = neighbour_rank(queries, keys)
     else:
         raise ValueError("the window is defined for self-attention only")
-    return smallest_ranks(rank.expand_as(valid), valid, topk_oow_split(k)[0])
+    return smallest_ranks(rank.expand_as(valid), valid, topk_oow_split(k, window)[0])
 
 
-def mass_shares(weights: Tensor, valid: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+def mass_shares(weights: Tensor, valid: Tensor, k: int, window: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """Per head: (sum over counted queries of the window's share of the query's mass, number of counted
     queries), both (H,). weights: (H, B, T, S); valid: (B, T, S)."""
-    window = window_keys(valid, k)
-    counted = valid.sum(-1) > topk_oow_split(k)[0]  # (B, T): queries that have picks
+    in_window = window_keys(valid, k, window)
+    counted = valid.sum(-1) > topk_oow_split(k, window)[0]  # (B, T): queries that have picks
     w = weights.float().masked_fill(~valid.unsqueeze(0), 0.0)
     total = w.sum(-1).clamp(min=torch.finfo(w.dtype).tiny)
-    share = (w * window.unsqueeze(0)).sum(-1) / total  # (H, B, T)
+    share = (w * in_window.unsqueeze(0)).sum(-1) / total  # (H, B, T)
     share = share.masked_fill(~counted.unsqueeze(0), 0.0)
     return share.flatten(1).sum(1), counted.sum().expand(weights.size(0)).clone()
 
 
-def measure(model, task, split: str, k: int, max_sentences: Optional[int]) -> List[Dict]:
+def measure(model, task, split: str, k: int, max_sentences: Optional[int], window: Optional[int] = None) -> List[Dict]:
     sums: Dict[Tuple[str, int], Tensor] = defaultdict(lambda: 0)
     counts: Dict[Tuple[str, int], Tensor] = defaultdict(lambda: 0)
     fns: Dict[Tuple[str, int], str] = {}
@@ -61,7 +63,7 @@ def measure(model, task, split: str, k: int, max_sentences: Optional[int]) -> Li
             for layer, fn in enumerate(batch.attn_fn[sublayer]):
                 if fn != "topk_oow":
                     continue
-                share, n = mass_shares(batch.weights[sublayer][layer], batch.valid[sublayer], k)
+                share, n = mass_shares(batch.weights[sublayer][layer], batch.valid[sublayer], k, window)
                 sums[(sublayer, layer)] = sums[(sublayer, layer)] + share
                 counts[(sublayer, layer)] = counts[(sublayer, layer)] + n
                 fns[(sublayer, layer)] = fn
@@ -85,28 +87,34 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="append the rows to this CSV")
     args = parser.parse_args(argv)
     model, task = load(args.path, args.data)
-    k = 8
+    k, window = 8, None
     for module in model.modules():
         if getattr(module, "attn_fn", None) == "topk_oow":
-            k = module.attn_k
+            k, window = module.attn_k, getattr(module, "oow_window", None)
             break
-    rows = measure(model, task, args.split, k, args.max_sentences)
+    rows = measure(model, task, args.split, k, args.max_sentences, window)
     if not rows:
         print(f"{args.path}: no topk_oow self-attention", file=sys.stderr)
         return 1
-    print(f"| sublayer | layer | queries | window share | picks share | (k = {k}, {args.split}) |")
+    split = "" if window is None else f", window {window}"
+    print(f"| sublayer | layer | queries | window share | picks share | (k = {k}{split}, {args.split}) |")
     print("|---|---:|---:|---:|---:|---|")
     for row in rows:
         print(f"| {row['sublayer']} | {row['layer']} | {row['queries']} | {row['window_share']:.4f} | {row['picks_share']:.4f} | per head: {row['window_share_per_head']} |")
     if args.out:
-        fields = ["label", "split", "k", *rows[0].keys()]
+        given = {} if window is None else {"window": window}
+        fields = ["label", "split", "k", *given, *rows[0].keys()]
         new = not _exists(args.out)
+        if not new and _header(args.out) != fields:
+            print(f"{args.out} has the columns {','.join(_header(args.out))}, these rows {','.join(fields)}: "
+                  "write them to another CSV", file=sys.stderr)
+            return 1
         with open(args.out, "a", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             if new:
                 writer.writeheader()
             for row in rows:
-                writer.writerow({"label": args.label, "split": args.split, "k": k, **row})
+                writer.writerow({"label": args.label, "split": args.split, "k": k, **given, **row})
     return 0
 
 
@@ -114,6 +122,11 @@ def _exists(path: str) -> bool:
     import os
 
     return os.path.exists(path)
+
+
+def _header(path: str) -> List[str]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return next(csv.reader(f), [])
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """What a checkpoint is, and the requests that contradict it.
 
 A checkpoint's identity is what its parameters were trained to be: the language pair, the attention
-method (and k, and what else the method reads) of each sublayer, L0Drop and its gates, and the
-architecture's shape. fairseq compares none of it with what a command asks: ``fairseq-generate
+method (and k, and what else the method reads, such as Top-k (OOW)'s window) of each sublayer, L0Drop and
+its gates, and the architecture's shape. fairseq compares none of it with what a command asks: ``fairseq-generate
 --source-lang en --target-lang de`` decodes English through a de-en model's German embeddings when the
 dictionaries happen to be of one size, ``--model-overrides "{'l0drop': True}"`` decodes with gates
 fresh from their initialisation, and averaging a top-k checkpoint with a softmax one gives weights of
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from .attention import SUBLAYERS, get_attention
+from .attention.structured import topk_oow_split
 from .errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ def sublayer_method(options, sublayer: str) -> str:
     reads = [f"k={options.attn_k_of(sublayer)}"] if spec.uses_k else []
     reads += [f"hard_train={options.hard_train}"] if spec.uses_hard_train else []
     reads += [f"attn_pattern_seed={options.attn_pattern_seed}"] if spec.uses_pattern_seed else []
+    # the window as it splits k (a window of ceil(k/2) given explicitly is the default, and shown as it)
+    window, k = options.oow_window_of(sublayer), options.attn_k_of(sublayer)
+    reads += [f"topk_oow_window={window}"] if window is not None and window != topk_oow_split(k)[0] else []
     return " ".join([spec.name, *reads])
 
 

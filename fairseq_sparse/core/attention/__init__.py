@@ -23,6 +23,7 @@ from .registry import (  # noqa: F401
     check_attn_impl,
     check_hard_train,
     check_k,
+    check_oow_window,
     function_module,
     get_attention,
     register_attention,

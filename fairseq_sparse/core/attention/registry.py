@@ -83,6 +83,7 @@ class AttentionContext:
         key_positions: Optional[Tensor] = None,
         seed: int = 0,
         key_counts: Optional[Tensor] = None,
+        oow_window: Optional[int] = None,
     ):
         self.k = k
         self.training = training
@@ -103,6 +104,8 @@ class AttentionContext:
         # compressed memory stands one zero slot in for its c pruned encodings; a function
         # registered with supports_key_counts must treat it exactly as c identical keys.
         self.key_counts = key_counts
+        # keys of Top-k (OOW)'s window (--topk-oow-window), the rest of k picked by score; None: ceil(k/2)
+        self.oow_window = oow_window
 
 
 class PatternGeometry:
@@ -160,9 +163,11 @@ class AttentionSpec:
     # Its selection is the k largest visible scores of each query (top-k): the gathered path finds them
     # with one torch.topk per chunk instead of evaluating the selection over every key.
     selection_is_top_k: bool = False
-    # reads ctx.hard_train (--hard-train) / ctx.seed (--attn-pattern-seed): otherwise those options are ignored
+    # reads ctx.hard_train (--hard-train) / ctx.seed (--attn-pattern-seed) / ctx.oow_window (--topk-oow-window):
+    # otherwise those options are ignored
     uses_hard_train: bool = False
     uses_pattern_seed: bool = False
+    uses_oow_window: bool = False
     # Builds a module applied to the concatenated head outputs, (T, B, embed_dim),
     # before the output projection (ReLA's normalisation). Called as (embed_dim, head_dim).
     build_output_norm: Optional[Callable[[int, int], nn.Module]] = None
@@ -295,3 +300,13 @@ def check_k(k, option: str = "--attn-k") -> int:
     if k is None or int(k) != k or int(k) <= 0:
         raise UsageError(f"{option} must be a positive integer, got {k!r}")
     return int(k)
+
+
+def check_oow_window(window, k: int, whose: str = "the module's") -> int:
+    """Validate the size of Top-k (OOW)'s window (--topk-oow-window): a positive integer, at most k."""
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise UsageError(f"--topk-oow-window must be a positive integer, got {window!r}")
+    if window > k:
+        raise UsageError(f"--topk-oow-window {window} is more than {whose} k = {k}: Top-k (OOW)'s window is part of "
+                         "its k keys")
+    return window

@@ -146,9 +146,11 @@ def bigbird_split(k: int) -> Tuple[int, int, int]:
     return quarter, k - 2 * quarter, quarter
 
 
-def topk_oow_split(k: int) -> Tuple[int, int]:
-    """(window, top-k) sizes of Top-k (OOW): a window of ceil(k/2), top-floor(k/2) outside it."""
-    return k - k // 2, k // 2
+def topk_oow_split(k: int, window: Optional[int] = None) -> Tuple[int, int]:
+    """(window, top-k) sizes of Top-k (OOW): ``window`` (--topk-oow-window; default ceil(k/2)) and the rest of k."""
+    if window is None:
+        return k - k // 2, k // 2
+    return window, k - window
 
 
 # How far (in real-token positions) from its query a banded pattern's keys can lie. One more
@@ -373,16 +375,17 @@ def bigbird_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionCont
     return ~selected
 
 
-@register_selection("topk_oow", reads_scores=True, uses_k=True, uses_positions=True, self_attention_only=True)
+@register_selection("topk_oow", reads_scores=True, uses_k=True, uses_positions=True, self_attention_only=True,
+                    uses_oow_window=True)
 def topk_oow_selection(scores: Tensor, mask: Optional[Tensor], ctx: AttentionContext) -> Tensor:
     """Top-k (OOW): a window of ceil(k/2) nearest keys plus the top-floor(k/2) scores outside it.
 
     scores (*, H, T, S) -> hidden keys, bool, broadcastable to the scores.
     The window follows ``window``'s neighbour order; the top-k part is ``topk`` over the
-    visible keys outside the window (ties at the threshold are all kept).
+    visible keys outside the window (ties at the threshold are all kept). ctx.oow_window: the window's size.
     """
     query_pos, key_pos = _positions(scores, ctx)
-    num_window, num_top = topk_oow_split(ctx.k)
+    num_window, num_top = topk_oow_split(ctx.k, ctx.oow_window)
     visible = _visible(scores, mask)
     window = smallest_ranks(neighbour_rank(query_pos, key_pos), visible, num_window)
     selected = window

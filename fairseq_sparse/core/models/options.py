@@ -17,7 +17,7 @@ from fairseq import utils
 
 from ..errors import UsageError
 from ..attention import (ATTN_IMPLS, DEFAULT_K, HARD_TRAIN_CHOICES, SUBLAYERS, attention_names, check_attn_impl,  # noqa: F401
-                         check_hard_train, check_k, get_attention)
+                         check_hard_train, check_k, check_oow_window, get_attention)
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from ..modules.l0drop import GATE_INITS, check_gate_init
 from ..modules.prune_patterns import PATTERNS, check_pattern
@@ -83,6 +83,9 @@ class SparseModelOptions:
                             "as auto)", choices=ATTN_IMPLS)
     attn_pattern_seed: int = option(DEFAULT_PATTERN_SEED, "seed of the random key choice of random/bigbird attention",
                                     type=integer, metavar="N")
+    topk_oow_window: Optional[int] = option(
+        None, "keys in the window of Top-k (OOW) (topk_oow), at most its sublayer's k; the other k - N are the top "
+        "scores outside the window (default: a window of ceil(k/2))", type=positive_int, metavar="N")
     l0drop: bool = option(False, "L0Drop: hard-concrete gates on the encoder outputs (train with "
                           "--criterion label_smoothed_cross_entropy_l0drop)", flag=True)
     l0drop_every_layer: bool = option(False, "also gate the output of every encoder layer (the paper's ablation)",
@@ -179,6 +182,11 @@ class SparseModelOptions:
             if sublayer_k is not None:
                 check_k(sublayer_k, f"--{sublayer}-attn-k")
         check_k(self.attn_k, "--attn-k")
+        if self.topk_oow_window is not None:
+            check_k(self.topk_oow_window, "--topk-oow-window")
+            for sublayer in SUBLAYERS:
+                if get_attention(self.attn_fn_of(sublayer)).uses_oow_window:
+                    check_oow_window(self.topk_oow_window, self.attn_k_of(sublayer), f"the {sublayer} self-attention's")
         check_hard_train(self.hard_train)
         check_attn_impl(self.attn_impl)
         check_gate_init(self.l0drop_gate_init)
@@ -208,7 +216,8 @@ class SparseModelOptions:
             notes.append(f"--attn-k {self.attn_k}: no sublayer takes it ({functions})")
         for name, value, default, uses in (("hard-train", self.hard_train, HARD_TRAIN_CHOICES[0], "uses_hard_train"),
                                            ("attn-pattern-seed", self.attn_pattern_seed, DEFAULT_PATTERN_SEED,
-                                            "uses_pattern_seed")):
+                                            "uses_pattern_seed"),
+                                           ("topk-oow-window", self.topk_oow_window, None, "uses_oow_window")):
             if value != default and not any(getattr(spec, uses) for spec in specs.values()):
                 notes.append(f"--{name} {value}: no sublayer's function reads it ({functions})")
         gated = [("--l0drop-gate-init " + self.l0drop_gate_init, self.l0drop_gate_init != GATE_INITS[0]),
@@ -223,6 +232,10 @@ class SparseModelOptions:
 
     def attn_fn_of(self, sublayer: str) -> str:
         return getattr(self, f"{sublayer}_attn_fn")
+
+    def oow_window_of(self, sublayer: str) -> Optional[int]:
+        """Top-k (OOW)'s window in ``sublayer``: None where its function has none or none is given (ceil(k/2))."""
+        return self.topk_oow_window if get_attention(self.attn_fn_of(sublayer)).uses_oow_window else None
 
     def attn_k_of(self, sublayer: str) -> int:
         sublayer_k = getattr(self, f"{sublayer}_attn_k")

@@ -30,6 +30,7 @@ def build_sparse_attention(cfg, sublayer: str, embed_dim: int, num_heads: int, *
         attn_k=options.attn_k_of(sublayer),
         hard_train=options.hard_train,
         pattern_seed=options.attn_pattern_seed,
+        oow_window=options.oow_window_of(sublayer),
         impl=options.attn_impl,
         dropout=cfg.attention_dropout,
         **kwargs,

@@ -40,7 +40,7 @@ from torch import Tensor
 from ..errors import UsageError
 from ..attention import (
     ATTN_IMPLS, DEFAULT_K, HARD_TRAIN_CHOICES, AttentionContext, check_attn_impl, check_hard_train, check_k,
-    function_module, get_attention,
+    check_oow_window, function_module, get_attention,
 )
 from ..attention.structured import DEFAULT_PATTERN_SEED
 from ..kernels.decoding_step import MAX_KEYS as MAX_DECODING_KEYS
@@ -62,6 +62,7 @@ class SparseMultiheadAttention(MultiheadAttention):
 
     # read in Python only (the printout, the trainer's check): TorchScript compiles no property listed here
     __jit_unused_properties__ = ["runs_impl", "trains_only_on_cuda"]
+    oow_window: Optional[int]  # Top-k (OOW)'s window (None: ceil(k/2)); typed for TorchScript, which reads it
 
     def __init__(
         self,
@@ -72,6 +73,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         hard_train: str = HARD_TRAIN_CHOICES[0],
         pattern_seed: int = DEFAULT_PATTERN_SEED,
         impl: str = ATTN_IMPLS[0],
+        oow_window: Optional[int] = None,
         **kwargs,
     ):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
@@ -86,6 +88,9 @@ class SparseMultiheadAttention(MultiheadAttention):
             raise UsageError(f"attention function {attn_fn!r} is defined for self-attention only, not encoder-decoder attention")
         self.pattern_seed = pattern_seed
         self.attn_k = check_k(attn_k)
+        if oow_window is not None and not self.spec.uses_oow_window:
+            raise UsageError(f"attention function {attn_fn!r} has no window to size: oow_window is Top-k (OOW)'s")
+        self.oow_window = None if oow_window is None else check_oow_window(oow_window, self.attn_k)
         self.hard_train = check_hard_train(hard_train)
         self.output_norm = (
             self.spec.build_output_norm(embed_dim, self.head_dim) if self.spec.build_output_norm else None
@@ -116,13 +121,15 @@ class SparseMultiheadAttention(MultiheadAttention):
 
     def __setstate__(self, state):
         state.setdefault("impl", ATTN_IMPLS[0])  # a module pickled before --attn-impl existed
+        state.setdefault("oow_window", None)  # or before --topk-oow-window
         super().__setstate__(state)
         self.spec = get_attention(self.attn_fn)
 
     def extra_repr(self) -> str:
         k = f", k={self.attn_k}" if self.spec.uses_k else ""
+        window = f", window={self.oow_window}" if self.oow_window is not None else ""
         impl = f", impl={self.runs_impl}" if self.runs_impl != ATTN_IMPLS[0] else ""
-        return f"attn_fn={self.attn_fn}{k}, heads={self.num_heads}{impl}"
+        return f"attn_fn={self.attn_fn}{k}{window}, heads={self.num_heads}{impl}"
 
     @property
     def runs_impl(self) -> str:
@@ -249,6 +256,7 @@ class SparseMultiheadAttention(MultiheadAttention):
             head_params=None if self.head_params is None else self.head_params(),
             self_attention=self.self_attention,
             seed=self.pattern_seed,
+            oow_window=self.oow_window,
         )
         if key_counts is not None:
             if not torch.jit.is_scripting():

@@ -96,6 +96,13 @@ def test_module_rejects_bad_arguments():
         SparseMultiheadAttention(16, 4, attn_fn="nope")
     with pytest.raises(ValueError, match="positive integer"):
         SparseMultiheadAttention(16, 4, attn_fn="topk", attn_k=0)
+    SparseMultiheadAttention(16, 4, attn_fn="topk_oow", attn_k=4, oow_window=4, self_attention=True)  # no picks
+    for window, message in ((5, "--topk-oow-window 5 is more than the module's k = 4"), (0, "positive integer, got 0"),
+                            (True, "positive integer, got True"), (2.0, "positive integer, got 2.0")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            SparseMultiheadAttention(16, 4, attn_fn="topk_oow", attn_k=4, oow_window=window, self_attention=True)
+    with pytest.raises(ValueError, match="attention function 'topk' has no window to size"):
+        SparseMultiheadAttention(16, 4, attn_fn="topk", attn_k=4, oow_window=2)
     with pytest.raises(ValueError, match="add_bias_kv"):
         SparseMultiheadAttention(16, 4, add_bias_kv=True)
 
@@ -184,7 +191,8 @@ def test_a_k_that_is_not_positive_stops_fairseq_train_with_one_line(tmp_path):
     assert last_line == "fairseq-train: error: argument --attn-k: must be a positive integer, got '0'"
 
 
-@pytest.mark.parametrize("option,value", [("--attn-k", "-1"), ("--decoder-attn-k", "0"), ("--cross-attn-k", "two")])
+@pytest.mark.parametrize("option,value", [("--attn-k", "-1"), ("--decoder-attn-k", "0"), ("--cross-attn-k", "two"),
+                                          ("--topk-oow-window", "0")])
 def test_k_options_reject_what_is_not_a_positive_integer_in_argument_parsing(option, value, capsys):
     parser = argparse.ArgumentParser(prog="fairseq-train")
     SparseModelOptions.add_args(parser)
@@ -223,10 +231,19 @@ def test_each_model_option_is_declared_once_with_its_default_and_command_line_fo
     (dict(encoder_prune_pattern="group", l0drop=True), "use it without --l0drop"),
     (dict(encoder_prune_pattern="nouns"), "--encoder-prune-pattern must be one of group"),
     (dict(l0drop_gate_init="closed"), "--l0drop-gate-init must be one of official, open, got 'closed'"),
+    (dict(encoder_attn_fn="topk_oow", topk_oow_window=9),
+     "--topk-oow-window 9 is more than the encoder self-attention's k = 8: Top-k (OOW)'s window is part of its k keys"),
+    (dict(decoder_attn_fn="topk_oow", attn_k=12, decoder_attn_k=4, topk_oow_window=8),
+     "--topk-oow-window 8 is more than the decoder self-attention's k = 4"),
+    (dict(encoder_attn_fn="topk_oow", topk_oow_window=0), "--topk-oow-window must be a positive integer, got 0"),
+    (dict(encoder_attn_fn="topk", topk_oow_window=-1), "--topk-oow-window must be a positive integer, got -1"),
+    (dict(encoder_attn_fn="topk_oow", topk_oow_window=True), "--topk-oow-window: True is a bool, the option takes an integer"),
+    (dict(encoder_attn_fn="topk_oow", topk_oow_window=4.0), "--topk-oow-window: 4.0 is a float, the option takes an integer"),
 ])
 def test_bad_model_options_are_one_clear_error(given, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
         SparseModelOptions.from_cfg(argparse.Namespace(**given))
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("given, ignored", [
@@ -240,6 +257,7 @@ def test_bad_model_options_are_one_clear_error(given, message):
     (dict(l0drop_gate_init="open"), "--l0drop-gate-init open: without --l0drop there are no gates"),
     (dict(l0drop_compress=False), "l0drop_compress False: nothing prunes the encoder outputs"),
     (dict(encoder_prune_pos_table="types.txt", encoder_prune_pattern="freq"), "read by --encoder-prune-pattern pos only"),
+    (dict(topk_oow_window=3, encoder_attn_fn="topk"), "--topk-oow-window 3: no sublayer's function reads it (encoder topk"),
 ])
 def test_options_nothing_reads_are_named_in_a_warning(given, ignored, caplog):
     notes = SparseModelOptions.from_cfg(argparse.Namespace(**given)).ignored()
@@ -253,6 +271,7 @@ def test_options_nothing_reads_are_named_in_a_warning(given, ignored, caplog):
     dict(hard_train="argmax", decoder_attn_fn="hard"), dict(attn_pattern_seed=7, encoder_attn_fn="random"),
     dict(l0drop=True, l0drop_mask_pruned=True, l0drop_gate_init="open", l0drop_compress=False),
     dict(attn_k=8), dict(),  # defaults cannot be told from given values: never reported
+    dict(topk_oow_window=3, decoder_attn_fn="topk_oow", attn_k=4), dict(topk_oow_window=8, encoder_attn_fn="topk_oow"),
 ])
 def test_options_something_reads_are_not_reported(given):
     assert SparseModelOptions.from_cfg(argparse.Namespace(**given)).ignored() == []
@@ -318,3 +337,24 @@ def test_transformer_align_options_give_stock_transformer_aligns_outputs():
     assert not torch.allclose(plain_extra["attn"][0], extra["attn"][0])  # the options change what is supervised
     with pytest.raises(ValueError, match="--alignment-layer 2: the decoder has layers 0..1"):
         build_model(alignment_layer=2)
+
+
+def test_the_oow_window_is_part_of_a_sublayers_method_as_k_is():
+    """Averaging refuses checkpoints of two windows (a given window of ceil(k/2) is the default split); an override
+    of the window, like one of k, keeps a parameter-free method's parameters and is let through."""
+    from fairseq_sparse.core.checkpoint_identity import CheckpointIdentity, check_overrides, differences
+    from fairseq_sparse.core.errors import UsageError
+
+    def identity(**given):
+        return CheckpointIdentity.of(model_args(**{"encoder_attn_fn": "topk_oow", "attn_k": 12, **given}))
+
+    windowed, default = identity(topk_oow_window=8), identity()
+    assert differences(windowed, default) == [("encoder attention", "topk_oow k=12 topk_oow_window=8", "topk_oow k=12")]
+    assert differences(windowed, identity(topk_oow_window=4)) == [
+        ("encoder attention", "topk_oow k=12 topk_oow_window=8", "topk_oow k=12 topk_oow_window=4")]
+    assert differences(identity(topk_oow_window=6), default) == []
+    assert differences(identity(topk_oow_window=8, encoder_attn_fn="topk"), identity(encoder_attn_fn="topk")) == []
+    for asked in (default, identity(topk_oow_window=4), identity(attn_k=8), identity(encoder_attn_fn="topk")):
+        check_overrides(windowed, asked, {}, "checkpoint.pt")
+    with pytest.raises(UsageError, match="trained with encoder attention 'topk_oow k=12 topk_oow_window=8', not 'rela_g'"):
+        check_overrides(windowed, identity(encoder_attn_fn="rela_g"), {}, "checkpoint.pt")

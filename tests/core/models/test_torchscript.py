@@ -2,7 +2,8 @@
 (``tests/test_sequence_generator.py``) check it for stock fairseq's transformer, for every method.
 
 Rows: every registered attention function that TorchScript can compile (a function defined for
-self-attention only runs in encoder and decoder self-attention, softmax in cross-attention), L0Drop
+self-attention only runs in encoder and decoder self-attention, softmax in cross-attention), Top-k (OOW)
+with its window set (``attention_cases.SETTINGS``), L0Drop
 decoding from a compressed memory with about half of its encodings pruned, L0Drop's rule-based
 ``freq`` pattern, and ``stock``, fairseq's own transformer of the same sizes, the reference row. The
 functions of the entmax package, and L0Drop gates after every encoder layer, do not script: one
@@ -17,14 +18,14 @@ import torch
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-from attention_cases import CASES, NAMES
+from attention_cases import NAMES, SETTINGS, case_of, function_of, model_options
 from fairseq_sparse.core.attention import get_attention
 from fairseq_sparse.core.errors import UsageError
 from helpers import TinyTask, build_model, close_some_gates, model_args, random_batch
 
 SCRIPTABLE = [name for name in NAMES if get_attention(name).scriptable]
 UNSCRIPTABLE = [name for name in NAMES if not get_attention(name).scriptable]
-ROWS = [*SCRIPTABLE, "l0drop", "l0drop_freq", "stock"]
+ROWS = [*SCRIPTABLE, *SETTINGS, "l0drop", "l0drop_freq", "stock"]
 BATCH = dict(lengths=[7, 5, 9, 3], tgt_lengths=[6, 4, 6, 2], seed=2)
 
 
@@ -37,8 +38,8 @@ def model_of(row: str) -> torch.nn.Module:
         return close_some_gates(build_model(l0drop=True, cross_attn_fn="topk", attn_k=3).eval(), random_batch(**BATCH))
     if row == "l0drop_freq":
         return build_model(encoder_prune_pattern="freq").eval()
-    cross = "softmax" if CASES[row].self_only else row
-    return build_model(encoder_attn_fn=row, decoder_attn_fn=row, cross_attn_fn=cross, attn_k=CASES[row].k).eval()
+    cross = "softmax" if case_of(row).self_only else function_of(row)
+    return build_model(**model_options(row, "encoder", "decoder"), cross_attn_fn=cross).eval()
 
 
 def saved_and_loaded(scripted: torch.jit.ScriptModule) -> torch.jit.ScriptModule:

@@ -147,12 +147,13 @@ def test_training_with_flex_on_the_cpu_is_one_clear_error():
         flex.train()(x, x, x, need_weights=False)
 
 
-@pytest.mark.parametrize("why", ["weights", "dropout", "one query", "scored selection"])
+@pytest.mark.parametrize("why", ["weights", "dropout", "one query", "scored selection", "scored selection, window set"])
 def test_calls_flex_does_not_express_take_autos_path(why, flex_calls):
-    name = "topk_oow" if why == "scored selection" else "window"
+    name = "topk_oow" if why.startswith("scored selection") else "window"
+    window = {"oow_window": 1} if why.endswith("window set") else {}  # 1 + 2 picks, where the default is 2 + 1
     torch.manual_seed(0)
     flex = SparseMultiheadAttention(16, 4, attn_fn=name, attn_k=3, impl="flex", self_attention=True,
-                                    dropout=0.5 if why == "dropout" else 0.0)
+                                    dropout=0.5 if why == "dropout" else 0.0, **window)
     flex.eval()
     if why == "dropout":
         flex.dropout_module.apply_during_inference = True
@@ -162,6 +163,12 @@ def test_calls_flex_does_not_express_take_autos_path(why, flex_calls):
         out, weights = flex(x, x, x, need_weights=why == "weights")
     assert not flex_calls and out.shape == (length, 2, 16)
     assert (weights is not None) == (why == "weights")
+    if window:  # auto's path, with the window
+        reference = SparseMultiheadAttention(16, 4, attn_fn=name, attn_k=3, impl="reference", self_attention=True,
+                                             **window).eval()
+        reference.load_state_dict(flex.state_dict())
+        with torch.no_grad():
+            assert (reference(x, x, x, need_weights=False)[0] - out).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("name", ["window", "bigbird"])

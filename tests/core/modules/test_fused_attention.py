@@ -1,6 +1,7 @@
 """The fused path (scaled_dot_product_attention over a method's selection) equals the registered function.
 
-Every registered method with a selection is compared, in every sublayer it may sit in,
+Every registered method with a selection (and Top-k (OOW) with its window set: ``attention_cases.ROWS``)
+is compared, in every sublayer it may sit in,
 against the same module with the selection removed (which runs the function over float32
 scores): outputs and gradients to float tolerance, with padding, causal masks, incremental
 decoding, key counts, query chunking and queries that have no key left.
@@ -11,15 +12,15 @@ import dataclasses
 import pytest
 import torch
 
-from attention_cases import CASES, NAMES
+from attention_cases import ROWS, case_of, function_of, model_options, module_options
 from fairseq_sparse.core.attention import AttentionContext, get_attention
 from fairseq_sparse.core.modules import attention_masks, fused_softmax
 from fairseq_sparse.core.modules.sparse_multihead_attention import SparseMultiheadAttention
 from helpers import build_model, random_batch
 
-FUSED = [name for name in NAMES if get_attention(name).selection is not None]
+FUSED = [name for name in ROWS if get_attention(function_of(name)).selection is not None]
 SUBLAYERS = ("encoder", "decoder", "cross")
-GRID = [(name, sublayer) for name in FUSED for sublayer in SUBLAYERS if not (sublayer == "cross" and CASES[name].self_only)]
+GRID = [(name, sublayer) for name in FUSED for sublayer in SUBLAYERS if not (sublayer == "cross" and case_of(name).self_only)]
 
 
 def unfused(module: torch.nn.Module) -> torch.nn.Module:
@@ -31,7 +32,8 @@ def unfused(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def test_the_methods_the_issue_names_take_the_fused_path():
-    assert {"softmax", "topk", "block", "window", "dilated", "global", "random", "bigbird", "topk_oow"} <= set(FUSED)
+    assert {"softmax", "topk", "block", "window", "dilated", "global", "random", "bigbird", "topk_oow",
+            "topk_oow:window"} <= set(FUSED)
 
 
 def assert_training_pass_equals_the_function_path(name, sublayer):
@@ -40,7 +42,7 @@ def assert_training_pass_equals_the_function_path(name, sublayer):
     batch = random_batch(lengths=[7, 4, 9], tgt_lengths=[6, 3, 5], seed=7)
     results = []
     for make in (lambda m: m, unfused):
-        model = make(build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, seed=3)).train()
+        model = make(build_model(**model_options(name, sublayer), seed=3)).train()
         logits, _ = model(**batch)
         logits.float().logsumexp(-1).sum().backward()
         results.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
@@ -64,7 +66,7 @@ def test_incremental_decoding_equals_the_fused_full_pass(name, sublayer):
 
 
 def assert_incremental_decoding_equals_the_full_pass(name, sublayer):
-    model = build_model(**{f"{sublayer}_attn_fn": name, "attn_k": CASES[name].k}, seed=4).eval()
+    model = build_model(**model_options(name, sublayer), seed=4).eval()
     batch = random_batch(lengths=[6, 8], tgt_lengths=[5, 5], seed=8)
     with torch.no_grad():
         expected, _ = model(**batch)
@@ -77,8 +79,8 @@ def assert_incremental_decoding_equals_the_full_pass(name, sublayer):
 
 def module_pair(name, seed=0, **kwargs):
     torch.manual_seed(seed)
-    fused = SparseMultiheadAttention(16, 4, attn_fn=name, attn_k=CASES[name].k, **kwargs)
-    plain = unfused(SparseMultiheadAttention(16, 4, attn_fn=name, attn_k=CASES[name].k, **kwargs))
+    fused = SparseMultiheadAttention(16, 4, **module_options(name), **kwargs)
+    plain = unfused(SparseMultiheadAttention(16, 4, **module_options(name), **kwargs))
     plain.load_state_dict(fused.state_dict())
     return fused, plain
 
@@ -102,7 +104,7 @@ def test_query_chunks_give_the_unchunked_result(name, monkeypatch):
     assert (out - expected).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("name", [n for n in FUSED if get_attention(n).supports_key_counts])
+@pytest.mark.parametrize("name", [n for n in FUSED if get_attention(function_of(n)).supports_key_counts])
 def test_key_counts_on_the_fused_path(name):
     """L0Drop's compressed memory: log counts enter the kernel as an additive mask."""
     fused, plain = module_pair(name, encoder_decoder_attention=True, kdim=16, vdim=16)
@@ -161,7 +163,7 @@ def test_context_positions_are_cut_to_the_chunk():
     assert part.query_positions.tolist() == [[[2, 3]]] and torch.equal(part.key_positions, ctx.key_positions)
 
 
-@pytest.mark.parametrize("name", [n for n in FUSED if get_attention(n).selection_reads_scores])
+@pytest.mark.parametrize("name", [n for n in FUSED if get_attention(function_of(n)).selection_reads_scores])
 def test_chunked_selection_reproduces_attention_dropout_and_its_gradients(name):
     """With attention dropout the chunked path drops the same weights as the function (same
     random stream, one chunk) and its backward reuses that dropout mask."""

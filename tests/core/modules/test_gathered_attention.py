@@ -2,8 +2,8 @@
 
 Thresholds are lowered so that short test sequences take the path a document-length one takes,
 and chunks are made small so that every test runs several of them. Every registered method
-with a selection (but softmax, whose selection is the mask) is compared against the same
-module running its registered function: outputs and gradients to float tolerance, with
+with a selection (but softmax, whose selection is the mask), and Top-k (OOW) with its window set, is
+compared against the same module running its registered function: outputs and gradients to float tolerance, with
 padding on either side, causal masks, ties, queries with no key, attention dropout, half
 precision, and in every sublayer of a model with incremental decoding.
 """
@@ -11,7 +11,7 @@ precision, and in every sublayer of a model with incremental decoding.
 import pytest
 import torch
 
-from attention_cases import CASES
+from attention_cases import CASES, case_of, function_of, module_options
 from fairseq_sparse.core.attention import functions
 from fairseq_sparse.core.modules import attention_masks, fused_softmax, gathered_attention, sparse_multihead_attention
 from test_fused_attention import (FUSED, assert_incremental_decoding_equals_the_full_pass,
@@ -19,7 +19,7 @@ from test_fused_attention import (FUSED, assert_incremental_decoding_equals_the_
 
 GATHERED = [name for name in FUSED if name != "softmax"]
 SUBLAYERS = ("encoder", "decoder", "cross")
-GRID = [(name, sublayer) for name in GATHERED for sublayer in SUBLAYERS if not (sublayer == "cross" and CASES[name].self_only)]
+GRID = [(name, sublayer) for name in GATHERED for sublayer in SUBLAYERS if not (sublayer == "cross" and case_of(name).self_only)]
 
 
 @pytest.fixture
@@ -57,8 +57,8 @@ def outputs_and_gradients(module, x, **kwargs):
 def test_gathered_path_equals_the_function_path(name, k, causal, padding, gathered):
     """Every query, padding queries included, with its outputs and the gradients of input and weights."""
     torch.manual_seed(k)
-    fused = sparse_multihead_attention.SparseMultiheadAttention(16, 4, attn_fn=name, attn_k=k, self_attention=True)
-    plain = unfused(sparse_multihead_attention.SparseMultiheadAttention(16, 4, attn_fn=name, attn_k=k, self_attention=True))
+    fused = sparse_multihead_attention.SparseMultiheadAttention(16, 4, **module_options(name, k), self_attention=True)
+    plain = unfused(sparse_multihead_attention.SparseMultiheadAttention(16, 4, **module_options(name, k), self_attention=True))
     plain.load_state_dict(fused.state_dict())
     x = torch.randn(13, 3, 16)
     kwargs = dict(key_padding_mask=None if padding == "none" else padding_of(padding, 13),
@@ -69,7 +69,7 @@ def test_gathered_path_equals_the_function_path(name, k, causal, padding, gather
         assert (a - b).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("name", [n for n in GATHERED if n in ("topk", "topk_oow")])
+@pytest.mark.parametrize("name", [n for n in GATHERED if function_of(n) in ("topk", "topk_oow")])
 def test_ties_at_the_kth_score_are_all_kept(name, gathered):
     """Equal scores (queries of zero): every key tied with the k-th is attended, as topk_mask keeps them."""
     fused, plain = module_pair(name, self_attention=True)

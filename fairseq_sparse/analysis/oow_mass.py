@@ -9,6 +9,10 @@ model's; the window is computed here from the positions of the real tokens. Only
 than the window holds count (the others have no picks). A model with a window given writes a ``window``
 column, so its rows go to a CSV of their own.
 
+Plain top-k (``topk``) in self-attention is measured the same way: the share of its mass on the ceil(k/2)
+nearest keys (the keys Top-k (OOW) would take as its window) and on the rest of its k, chosen by score
+further away; at sentence length a query has some 30 keys to pick from, at 512 tokens some 500.
+
     python -m fairseq_sparse.analysis.oow_mass DATA --path CHECKPOINT [--split valid] [--max-sentences N] [--out CSV]
 """
 
@@ -23,6 +27,8 @@ from torch import Tensor
 
 from ..core.attention.structured import neighbour_rank, smallest_ranks, topk_oow_split
 from .collect import batches, load
+
+MEASURED = ("topk_oow", "topk")  # self-attention functions whose picks beyond a window are measured
 
 
 def window_keys(valid: Tensor, k: int, window: Optional[int] = None) -> Tensor:
@@ -61,7 +67,7 @@ def measure(model, task, split: str, k: int, max_sentences: Optional[int], windo
             if sublayer not in batch.weights:
                 continue
             for layer, fn in enumerate(batch.attn_fn[sublayer]):
-                if fn != "topk_oow":
+                if fn not in MEASURED:
                     continue
                 share, n = mass_shares(batch.weights[sublayer][layer], batch.valid[sublayer], k, window)
                 sums[(sublayer, layer)] = sums[(sublayer, layer)] + share
@@ -80,7 +86,7 @@ def measure(model, task, split: str, k: int, max_sentences: Optional[int], windo
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fairseq_sparse.analysis.oow_mass", description=__doc__.split("\n\n")[0])
     parser.add_argument("data", help="the binarized data folder the model was trained on")
-    parser.add_argument("--path", required=True, help="a checkpoint of a model with topk_oow self-attention")
+    parser.add_argument("--path", required=True, help="a checkpoint of a model with topk_oow or topk self-attention")
     parser.add_argument("--split", default="valid")
     parser.add_argument("--max-sentences", type=int, default=None, help="the first N items of the split (default: all)")
     parser.add_argument("--label", default="", help="written in the CSV's first column (e.g. 'initialisation')")
@@ -89,12 +95,12 @@ def main(argv=None) -> int:
     model, task = load(args.path, args.data)
     k, window = 8, None
     for module in model.modules():
-        if getattr(module, "attn_fn", None) == "topk_oow":
+        if getattr(module, "attn_fn", None) in MEASURED:
             k, window = module.attn_k, getattr(module, "oow_window", None)
             break
     rows = measure(model, task, args.split, k, args.max_sentences, window)
     if not rows:
-        print(f"{args.path}: no topk_oow self-attention", file=sys.stderr)
+        print(f"{args.path}: no topk_oow or topk self-attention", file=sys.stderr)
         return 1
     split = "" if window is None else f", window {window}"
     print(f"| sublayer | layer | queries | window share | picks share | (k = {k}{split}, {args.split}) |")

@@ -44,3 +44,23 @@ def test_mass_shares_count_queries_with_picks_and_split_their_mass(window, count
     assert n.tolist() == [counted, counted]
     if counted:
         assert torch.allclose(share / n, torch.tensor([1.0, 0.0]))
+
+
+def test_plain_topk_layers_are_measured_and_other_functions_are_not(monkeypatch):
+    """Sentence-level top-k is measured as Top-k (OOW) is (mass on the ceil(k/2) nearest keys, the rest beyond);
+    a softmax layer beside it gives no row."""
+    from fairseq_sparse.analysis import oow_mass
+    from fairseq_sparse.analysis.collect import BatchAttention
+
+    valid = torch.ones(1, 6, 6, dtype=torch.bool)
+    near = window_keys(valid, 8)
+    on_window = near.float() / near.sum(-1, keepdim=True)  # every head's mass on the 4 nearest keys
+    beyond = (~near).float() / (~near).sum(-1, keepdim=True)  # every head's mass beyond them
+    weights = torch.stack([on_window.expand(2, 1, 6, 6), beyond.expand(2, 1, 6, 6), on_window.expand(2, 1, 6, 6)])
+    batch = BatchAttention(weights={"encoder": weights}, valid={"encoder": valid},
+                           attn_fn={"encoder": ["topk", "topk_oow", "softmax"]}, ids=None, src_tokens=None,
+                           target=None, prev=None)
+    monkeypatch.setattr(oow_mass, "batches", lambda *args, **kwargs: [batch])
+    rows = oow_mass.measure(None, None, "valid", 8, None)
+    assert [(row["layer"], row["window_share"]) for row in rows] == [(0, 1.0), (1, 0.0)]
+

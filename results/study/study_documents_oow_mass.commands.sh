@@ -26,3 +26,7 @@ python -m fairseq_sparse.evaluate W/test.gen DATA_DIR/test.raw.en --lang en --do
 python -m fairseq_sparse.evaluate W/test_nopicks.gen DATA_DIR/test.raw.en --lang en --documents DATA_DIR/test.blocks.tsv
 fairseq-validate $DATA --task translation --user-dir fairseq_sparse --path W/checkpoint_avg.pt --valid-subset valid --max-tokens 4096 --num-workers 0 [--model-overrides "$OVERRIDE"]
 fairseq-validate $DATA --task translation --user-dir fairseq_sparse --path W/checkpoints/checkpoint10.pt --valid-subset valid --max-tokens 4096 --num-workers 0 [--model-overrides "$OVERRIDE"]
+# The remedy row's model (python -m fairseq_sparse.tables study_documents --profile paper --record results/study --rows
+# topk_oow_after_w4; R: its run folder under runs/models/paper/bible_doc_de_en/): shares, and the same decodes and
+# validations as above with R/checkpoint_avg.pt (labels after-w4-avg, after-w4-avg-nopicks of study_documents_oow_decodes.csv).
+python -m fairseq_sparse.analysis.oow_mass $DATA --path R/checkpoint_avg.pt --split valid --label after-w4-seed1 --out results/study/study_documents_oow_mass.csv

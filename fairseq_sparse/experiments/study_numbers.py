@@ -21,7 +21,9 @@ of a page with it at the decimals the page quotes (tests/experiments/test_study_
 - runs: where a seed was trained more than once the last run is on record, except study_diagnosis's
   softmax seed 1, whose first run is the table's (``RUN_ON_RECORD``);
 - ``oow_mass/LABEL/SUBLAYER/LAYER/COLUMN``: a row of ``study_documents_oow_mass.csv``
-  (``fairseq_sparse.analysis.oow_mass``);
+  (``fairseq_sparse.analysis.oow_mass``), ``topk_mass/...`` the same of ``study_de_en_topk_mass.csv``;
+- ``oow_decodes/LABEL/COLUMN``: a row of ``study_documents_oow_decodes.csv`` (a kept Top-k (OOW) model
+  decoded and validated as trained and with its picks removed);
 - ``floor/NAME/FIELD``: a noise floor of ``floors`` (``sd``, ``df``, ``t``, ``one``, ``mean2``, ``change``).
 
 ``python -m fairseq_sparse.experiments.study_numbers [RECORD]`` prints the floors.
@@ -44,6 +46,7 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         11: 2.201, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 
 BASELINE = {"study_documents": "full"}
+MASS_FILES = {"oow_mass": "study_documents_oow_mass.csv", "topk_mass": "study_de_en_topk_mass.csv"}
 # runs a page reads by default where a seed was trained more than once: study_diagnosis's softmax, seed 1,
 # was trained three times and the table's cells are its first run's; elsewhere the last run is on record
 RUN_ON_RECORD = {("study_diagnosis", "softmax", 1): 1}
@@ -169,13 +172,12 @@ def resolve(record: Path, reference: str) -> float:
     parts = reference.split("/")
     if parts[0] == "floor":
         return float(getattr(floors(record)[parts[1]], parts[2]))
-    if parts[0] == "oow_mass":  # oow_mass/LABEL/SUBLAYER/LAYER/COLUMN of study_documents_oow_mass.csv
+    if parts[0] in MASS_FILES:  # PREFIX/LABEL/SUBLAYER/LAYER/COLUMN of an attention-mass CSV
         label, sublayer, layer, column = parts[1:]
-        with open(Path(record) / "study_documents_oow_mass.csv", encoding="utf-8") as f:
-            for row in csv.DictReader(f):
-                if (row["label"], row["sublayer"], row["layer"]) == (label, sublayer, layer):
-                    return float(row[column])
-        raise KeyError(f"study_documents_oow_mass.csv has no {label}/{sublayer}/{layer}")
+        return float(_csv_row(record, MASS_FILES[parts[0]], label=label, sublayer=sublayer, layer=layer)[column])
+    if parts[0] == "oow_decodes":
+        label, column = parts[1:]
+        return float(_csv_row(record, "study_documents_oow_decodes.csv", label=label)[column])
     table, row, column, *rest = parts
     if "@" in column:
         measure, epoch = column.split("@")
@@ -196,6 +198,15 @@ def resolve(record: Path, reference: str) -> float:
     if which == "std":
         return statistics.stdev(values.values()) if len(values) > 1 else 0.0
     return values[int(which)]
+
+
+def _csv_row(record: Path, name: str, **keys: str) -> Dict[str, str]:
+    """The row of the committed CSV ``name`` whose columns have the values ``keys``."""
+    with open(Path(record) / name, encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            if all(row[key] == value for key, value in keys.items()):
+                return row
+    raise KeyError(f"{name} has no {'/'.join(keys.values())}")
 
 
 def quoted(text: str) -> List[Tuple[str, str]]:

@@ -10,3 +10,6 @@ $TRAIN --seed 1 --lr 1e-9 --max-update 1 --no-epoch-checkpoints --disable-valida
 python -m fairseq_sparse.analysis.oow_mass $DATA --path init1/checkpoint_last.pt --split valid --label init-seed1 --out results/study/study_de_en_topk_mass.csv
 $TRAIN --seed 2 --lr 1e-9 --max-update 1 --no-epoch-checkpoints --disable-validation --save-dir init2
 python -m fairseq_sparse.analysis.oow_mass $DATA --path init2/checkpoint_last.pt --split valid --label init-seed2 --out results/study/study_de_en_topk_mass.csv
+# After training: study_diagnosis' topk_lr14 (10 epochs at the papers' 1.4e-3 after 1,000 warm-up, seed 1; the runner's model,
+# epochs 6-10 averaged as its table decodes; M: its run folder under runs/models/paper/bible_de_en_full/):
+python -m fairseq_sparse.analysis.oow_mass $DATA --path M/checkpoint_avg.pt --split valid --label trained-topk_lr14-seed1 --out results/study/study_de_en_topk_mass.csv

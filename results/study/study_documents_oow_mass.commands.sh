@@ -30,3 +30,6 @@ fairseq-validate $DATA --task translation --user-dir fairseq_sparse --path W/che
 # topk_oow_after_w4; R: its run folder under runs/models/paper/bible_doc_de_en/): shares, and the same decodes and
 # validations as above with R/checkpoint_avg.pt (labels after-w4-avg, after-w4-avg-nopicks of study_documents_oow_decodes.csv).
 python -m fairseq_sparse.analysis.oow_mass $DATA --path R/checkpoint_avg.pt --split valid --label after-w4-seed1 --out results/study/study_documents_oow_mass.csv
+# topk_oow_k16 after training (2026-12-05, third sitting; python -m fairseq_sparse.tables study_documents --profile paper
+# --record results/study --rows topk_oow_k16 --seeds 1; K: its run folder under runs/models/paper/bible_doc_de_en/):
+python -m fairseq_sparse.analysis.oow_mass $DATA --path K/checkpoint_avg.pt --split valid --label trained-k16-seed1 --out results/study/study_documents_oow_mass.csv

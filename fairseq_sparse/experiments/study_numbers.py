@@ -21,7 +21,8 @@ of a page with it at the decimals the page quotes (tests/experiments/test_study_
 - runs: where a seed was trained more than once the last run is on record, except study_diagnosis's
   softmax seed 1, whose first run is the table's (``RUN_ON_RECORD``);
 - ``oow_mass/LABEL/SUBLAYER/LAYER/COLUMN``: a row of ``study_documents_oow_mass.csv``
-  (``fairseq_sparse.analysis.oow_mass``), ``topk_mass/...`` the same of ``study_de_en_topk_mass.csv``;
+  (``fairseq_sparse.analysis.oow_mass``), ``topk_mass/...`` the same of ``study_de_en_topk_mass.csv``,
+  ``oow_mass_window/...`` of ``study_documents_oow_mass_window.csv`` (models with ``--topk-oow-window``);
 - ``oow_decodes/LABEL/COLUMN``: a row of ``study_documents_oow_decodes.csv`` (a kept Top-k (OOW) model
   decoded and validated as trained and with its picks removed);
 - ``floor/NAME/FIELD``: a noise floor of ``floors`` (``sd``, ``df``, ``t``, ``one``, ``mean2``, ``change``).
@@ -46,7 +47,8 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         11: 2.201, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 
 BASELINE = {"study_documents": "full"}
-MASS_FILES = {"oow_mass": "study_documents_oow_mass.csv", "topk_mass": "study_de_en_topk_mass.csv"}
+MASS_FILES = {"oow_mass": "study_documents_oow_mass.csv", "topk_mass": "study_de_en_topk_mass.csv",
+              "oow_mass_window": "study_documents_oow_mass_window.csv"}  # the last: models given --topk-oow-window
 # runs a page reads by default where a seed was trained more than once: study_diagnosis's softmax, seed 1,
 # was trained three times and the table's cells are its first run's; elsewhere the last run is on record
 RUN_ON_RECORD = {("study_diagnosis", "softmax", 1): 1}
@@ -152,6 +154,15 @@ def floors(record: Path) -> Dict[str, Floor]:
     gap10 = [[valid_gap(record, "study_de_en", row, seed, 10) for seed in (1, 2)] for row in ("topk", "hard", "rela_g", "entmax15")]
     # one command trained three times (seed 1 of study_diagnosis's softmax): rerun noise after epoch 10
     reruns = [[valid_loss(record, "study_diagnosis", "softmax", 1, 10, run) for run in (1, 2, 3)]]
+    # BLEU of a continuation (cpu_continue: 1,500 updates from a 10-epoch softmax run, last checkpoint):
+    # softmax_cont and hard_cont, two seeds each, each about its own mean; the two rows of one seed share
+    # their base, the two seeds do not
+    continued = [list(seed_values(record, "study_diagnosis", row, "bleu").values()) for row in ("softmax_cont", "hard_cont")]
+    # one pair's gap trained twice: study_diagnosis's softmax / top-k and study_de_en's first 10 epochs train
+    # alike (same recipe, seed, data order; only the epoch cap and early stopping differ, which act later),
+    # per seed; each seed's two gaps about their own mean
+    gap_reruns = [[valid_gap(record, "study_diagnosis", "topk", seed, 10), valid_gap(record, "study_de_en", "topk", seed, 10)]
+                  for seed in (1, 2)]
     return {
         "bleu": Floor("BLEU of a softmax model, sentence level: its three seeds of the papers' recipe and two of the "
                       "first, each recipe about its own mean", *pooled_sd(bleu)),
@@ -164,6 +175,11 @@ def floors(record: Path) -> Dict[str, Floor]:
                        "each of top-k, hard retrieval, ReLA-g and 1.5-entmax in study_de_en", *pooled_sd(gap10)),
         "rerun10": Floor("validation loss after epoch 10 of one command trained three times (study_diagnosis's "
                          "softmax, seed 1)", *pooled_sd(reruns)),
+        "cont": Floor("BLEU of a continued model: two seeds each of study_diagnosis's softmax_cont and hard_cont",
+                      *pooled_sd(continued)),
+        "gap_rerun10": Floor("a validation-loss gap after epoch 10 when the pair is trained again: top-k's gap to "
+                             "softmax in study_diagnosis and in study_de_en's first 10 epochs, seeds 1 and 2",
+                             *pooled_sd(gap_reruns)),
     }
 
 

@@ -60,6 +60,13 @@ def test_the_floors_are_t_lines_of_the_committed_records():
     assert documents.df == 3 and documents.sd == pytest.approx(0.92, abs=0.005)
     assert documents.one == pytest.approx(4.15, abs=0.01) and documents.mean2 == pytest.approx(2.93, abs=0.01)
     assert floors["gap10"].df == 4 and floors["gap10"].t == pytest.approx(2.776)
+    # a paired continuation: two seeds each of softmax_cont and hard_cont, each row about its own mean
+    continued = [list(study_numbers.seed_values(RECORD, "study_diagnosis", row, "bleu").values()) for row in ("softmax_cont", "hard_cont")]
+    assert [len(g) for g in continued] == [2, 2] and floors["cont"].df == 2
+    assert floors["cont"].sd == pytest.approx(math.sqrt(sum((a - b) ** 2 / 2 for a, b in continued) / 2))
+    # the same pair trained twice per seed: a pair of runs per seed, 2 df
+    rerun = floors["gap_rerun10"]
+    assert rerun.df == 2 and rerun.change == pytest.approx(4.303 * math.sqrt(2) * rerun.sd)
 
 
 def paragraphs(text):

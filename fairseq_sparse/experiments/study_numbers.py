@@ -142,13 +142,18 @@ class Floor:
 def floors(record: Path) -> Dict[str, Floor]:
     """The study's noise floors, each measured from the committed records it names."""
     record = Path(record)
+
+    def per_row(table: str, column: str, rows: Sequence[str]) -> List[List[float]]:
+        """Each row's recorded seeds of one cell: the groups ``pooled_sd`` pools."""
+        return [list(seed_values(record, table, row, column).values()) for row in rows]
+
     bleu = [list(seed_values(record, "study_de_en_faithful", "softmax", "bleu").values()),
             list(seed_values(record, "study_de_en", "softmax", "bleu").values())]
-    dbleu = [list(seed_values(record, "study_documents", row, "dbleu").values()) for row in ("full", "topk_oow", "window")]
-    doc_valid = [list(seed_values(record, "study_documents", row, "valid_10").values()) for row in ("full", "topk_oow", "window")]
+    dbleu = per_row("study_documents", "dbleu", ("full", "topk_oow", "window"))
+    doc_valid = per_row("study_documents", "valid_10", ("full", "topk_oow", "window"))
     # BLEU after a fixed 10 epochs (study_diagnosis's recipe, with and without attention + activation
     # dropout): the rows trained with two seeds
-    bleu10 = [list(seed_values(record, "study_diagnosis", row, "bleu").values()) for row in ("softmax_drop", "topk_drop", "softmax", "topk")]
+    bleu10 = per_row("study_diagnosis", "bleu", ("softmax_drop", "topk_drop", "softmax", "topk"))
     # a validation-loss gap after epoch 10 of the diagnosis recipe's learning rate and warm-up (the first
     # recipe's first 10 epochs), two seeds of each method: how much a gap itself moves with the seed
     gap10 = [[valid_gap(record, "study_de_en", row, seed, 10) for seed in (1, 2)] for row in ("topk", "hard", "rela_g", "entmax15")]
@@ -157,7 +162,7 @@ def floors(record: Path) -> Dict[str, Floor]:
     # BLEU of a continuation (cpu_continue: 1,500 updates from a 10-epoch softmax run, last checkpoint):
     # softmax_cont and hard_cont, two seeds each, each about its own mean; the two rows of one seed share
     # their base, the two seeds do not
-    continued = [list(seed_values(record, "study_diagnosis", row, "bleu").values()) for row in ("softmax_cont", "hard_cont")]
+    continued = per_row("study_diagnosis", "bleu", ("softmax_cont", "hard_cont"))
     # one pair's gap trained twice: study_diagnosis's softmax / top-k and study_de_en's first 10 epochs train
     # alike (same recipe, seed, data order; only the epoch cap and early stopping differ, which act later),
     # per seed; each seed's two gaps about their own mean

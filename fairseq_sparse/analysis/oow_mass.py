@@ -6,8 +6,8 @@ The window of a query is what ``topk_oow`` takes first: its ceil(k/2) nearest vi
 ``--topk-oow-window``; the rest of the weight a query gives lies on the other keys of k, picked by score outside
 the window. Weights are the model's own (``collect.AttentionRecorder``, need_weights), so the selection is the
 model's; the window is computed here from the positions of the real tokens. Only queries that see more keys
-than the window holds count (the others have no picks). A model with a window given writes a ``window``
-column, so its rows go to a CSV of their own.
+than the window holds count (the others have no picks). The CSV's ``window`` column is the window's size
+(ceil(k/2) unless ``--topk-oow-window`` gave one), so models with and without it share a file.
 
 Plain top-k (``topk``) in self-attention is measured the same way: the share of its mass on the ceil(k/2)
 nearest keys (the keys Top-k (OOW) would take as its window) and on the rest of its k, chosen by score
@@ -108,8 +108,9 @@ def main(argv=None) -> int:
     for row in rows:
         print(f"| {row['sublayer']} | {row['layer']} | {row['queries']} | {row['window_share']:.4f} | {row['picks_share']:.4f} | per head: {row['window_share_per_head']} |")
     if args.out:
-        given = {} if window is None else {"window": window}
-        fields = ["label", "split", "k", *given, *rows[0].keys()]
+        # The window's size is always written (the default ceil(k/2) too), so models with and without
+        # --topk-oow-window share one CSV.
+        fields = ["label", "split", "k", "window", *rows[0].keys()]
         new = not _exists(args.out)
         if not new and _header(args.out) != fields:
             print(f"{args.out} has the columns {','.join(_header(args.out))}, these rows {','.join(fields)}: "
@@ -120,7 +121,8 @@ def main(argv=None) -> int:
             if new:
                 writer.writeheader()
             for row in rows:
-                writer.writerow({"label": args.label, "split": args.split, "k": k, **given, **row})
+                writer.writerow({"label": args.label, "split": args.split, "k": k,
+                                 "window": topk_oow_split(k, window)[0], **row})
     return 0
 
 

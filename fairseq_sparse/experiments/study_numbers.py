@@ -21,8 +21,7 @@ of a page with it at the decimals the page quotes (tests/experiments/test_study_
 - runs: where a seed was trained more than once the last run is on record, except study_diagnosis's
   softmax seed 1, whose first run is the table's (``RUN_ON_RECORD``);
 - ``oow_mass/LABEL/SUBLAYER/LAYER/COLUMN``: a row of ``study_documents_oow_mass.csv``
-  (``fairseq_sparse.analysis.oow_mass``), ``topk_mass/...`` the same of ``study_de_en_topk_mass.csv``,
-  ``oow_mass_window/...`` of ``study_documents_oow_mass_window.csv`` (models with ``--topk-oow-window``);
+  (``fairseq_sparse.analysis.oow_mass``), ``topk_mass/...`` the same of ``study_de_en_topk_mass.csv``;
 - ``oow_decodes/LABEL/COLUMN``: a row of ``study_documents_oow_decodes.csv`` (a kept Top-k (OOW) model
   decoded and validated as trained and with its picks removed);
 - ``floor/NAME/FIELD``: a noise floor of ``floors`` (``sd``, ``df``, ``t``, ``one``, ``mean2``, ``change``).
@@ -47,8 +46,7 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         11: 2.201, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 
 BASELINE = {"study_documents": "full"}
-MASS_FILES = {"oow_mass": "study_documents_oow_mass.csv", "topk_mass": "study_de_en_topk_mass.csv",
-              "oow_mass_window": "study_documents_oow_mass_window.csv"}  # the last: models given --topk-oow-window
+MASS_FILES = {"oow_mass": "study_documents_oow_mass.csv", "topk_mass": "study_de_en_topk_mass.csv"}
 # runs a page reads by default where a seed was trained more than once: study_diagnosis's softmax, seed 1,
 # was trained three times and the table's cells are its first run's; elsewhere the last run is on record
 RUN_ON_RECORD = {("study_diagnosis", "softmax", 1): 1}

@@ -33,6 +33,7 @@ python -m fairseq_sparse.analysis.oow_mass $DATA --path R/checkpoint_avg.pt --sp
 # topk_oow_k16 after training (2026-12-05, third sitting; python -m fairseq_sparse.tables study_documents --profile paper
 # --record results/study --rows topk_oow_k16 --seeds 1; K: its run folder under runs/models/paper/bible_doc_de_en/):
 python -m fairseq_sparse.analysis.oow_mass $DATA --path K/checkpoint_avg.pt --split valid --label trained-k16-seed1 --out results/study/study_documents_oow_mass.csv
-# topk_oow_w8 after training (the same sitting; --rows topk_oow_w8 --seeds 1; K8: its run folder). A model with
-# --topk-oow-window writes a window column, so its rows go to a CSV of their own:
-python -m fairseq_sparse.analysis.oow_mass $DATA --path K8/checkpoint_avg.pt --split valid --label trained-w8-seed1 --out results/study/study_documents_oow_mass_window.csv
+# topk_oow_w8 after training (the same sitting; --rows topk_oow_w8 --seeds 1; K8: its run folder). Its rows were
+# first written to a CSV of their own and moved here when every row gained the window column (the window of
+# the rows before it: ceil(k/2), the size the tool measured):
+python -m fairseq_sparse.analysis.oow_mass $DATA --path K8/checkpoint_avg.pt --split valid --label trained-w8-seed1 --out results/study/study_documents_oow_mass.csv

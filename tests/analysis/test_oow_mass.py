@@ -1,11 +1,18 @@
-"""The window of Top-k (OOW) that the mass measurement uses is topk_oow's own, and the shares add up."""
+"""The window of Top-k (OOW) that the mass measurement uses is topk_oow's own, the shares add up, and its
+CSV holds models with and without a given window."""
+
+import csv
+from pathlib import Path
 
 import pytest
 import torch
 
-from fairseq_sparse.analysis.oow_mass import mass_shares, window_keys
+from fairseq_sparse.analysis.oow_mass import main, mass_shares, window_keys
 from fairseq_sparse.core.attention.registry import AttentionContext
 from fairseq_sparse.core.attention.structured import topk_oow_selection
+from helpers import TINY_TRAIN, run_in_process, tiny_bitext
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("window, size", [(None, 4), (6, 6), (1, 1)], ids=["default", "window 6", "window 1"])
@@ -64,3 +71,25 @@ def test_plain_topk_layers_are_measured_and_other_functions_are_not(monkeypatch)
     rows = oow_mass.measure(None, None, "valid", 8, None)
     assert [(row["layer"], row["window_share"]) for row in rows] == [(0, 1.0), (1, 0.0)]
 
+
+
+def test_models_with_and_without_a_given_window_append_to_one_csv(tmp_path):
+    """The CSV names each row's window size (the default ceil(k/2) too): a model given --topk-oow-window
+    appends to the same file as one without, and a CSV of other columns is refused, not rewritten."""
+    tiny_bitext(tmp_path)
+    attention = ["--encoder-attn-fn", "topk_oow", "--decoder-attn-fn", "topk_oow", "--attn-k", "4"]
+    for name, window in (("default", []), ("given", ["--topk-oow-window", "1"])):
+        run_in_process("fairseq-train", tmp_path / "bin", "--user-dir", ROOT / "fairseq_sparse", *TINY_TRAIN,
+                       *attention, *window, "--save-dir", tmp_path / name)
+    out = tmp_path / "mass.csv"
+    for name in ("default", "given"):
+        assert main([str(tmp_path / "bin"), "--path", str(tmp_path / name / "checkpoint_last.pt"), "--label", name,
+                     "--out", str(out)]) == 0
+    with open(out, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["label"], r["k"], r["window"]) for r in rows} == {("default", "4", "2"), ("given", "4", "1")}
+    assert all(abs(float(r["window_share"]) + float(r["picks_share"]) - 1) < 1e-3 for r in rows)
+    older = tmp_path / "older.csv"
+    older.write_text("label,split,k,sublayer,layer,queries,window_share,picks_share,window_share_per_head\n", encoding="utf-8")
+    assert main([str(tmp_path / "bin"), "--path", str(tmp_path / "given" / "checkpoint_last.pt"), "--out", str(older)]) == 1
+    assert older.read_text(encoding="utf-8").count("\n") == 1

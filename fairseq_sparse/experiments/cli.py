@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models-root", default="runs/models",
                    help="trained models, keyed by their training command so tables share them (default: %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+",
-                   help="run only these seeds (the report still counts the setting's other seeds that finished)")
+                   help="run only these seeds (the report still counts the other seeds that finished: the setting's "
+                        "and those --record keeps)")
     p.add_argument("--rows", nargs="+", metavar="ID",
                    help="run only these rows' commands (and the models they need: the baseline's, a fine-tune's base "
                         "model); of several tables, each table's rows named here (none: nothing of it runs); the report "
@@ -136,6 +137,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         args.seeds, Path(args.models_root).resolve())
             record = Record(Path(args.record), table.name) if args.record else None
             if record:
+                plan.recorded_seeds = record.seeds()
                 fill_from_curves(plan, record)
             steps = plan.steps()
             rows = None if args.rows is None else [r.id for r in table.rows if r.id in args.rows]

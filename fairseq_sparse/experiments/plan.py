@@ -43,6 +43,9 @@ class Plan:
         self.models_root = (models_root or out / "models") / table.profile
         self.smoke = table.profile == "smoke"
         self.seeds_override = seeds
+        # per dataset id, the seeds a --record folder holds cells of (set by the runner): a seed trained in an
+        # earlier sitting with --seeds is reported and listed with the others, not only while it runs
+        self.recorded_seeds: Dict[str, List[int]] = {}
         self._prunes: Dict[Tuple[str, str], bool] = {}
     # the tools and the plugin the commands run (sources build their commands with these)
     tool = staticmethod(tool)
@@ -70,15 +73,20 @@ class Plan:
                               out / f"{name}.log", f"prepare {ds.id} ({i + 1}/{len(ds.prep)})"))
         return steps
 
+    def configured_seeds(self, ds: Dataset) -> List[int]:
+        return list((self.table.smoke if self.smoke else ds.setting).get("seeds", ds.setting.get("seeds", [1])))
+
     def seeds(self, ds: Dataset) -> List[int]:
-        """The seeds the table reports: the configured ones and any that --seeds adds. A sitting that
-        trains only some seeds still reports (and keeps the curves of) the others that finished."""
-        configured = (self.table.smoke if self.smoke else ds.setting).get("seeds", ds.setting.get("seeds", [1]))
-        return list(dict.fromkeys([*configured, *(self.seeds_override or [])]))
+        """The seeds the table reports: the configured ones, those the record holds and any that --seeds
+        adds. A sitting that trains only some seeds still reports (and keeps the curves of) the others
+        that finished, in this sitting or an earlier one."""
+        recorded = sorted(self.recorded_seeds.get(ds.id, []))
+        return list(dict.fromkeys([*self.configured_seeds(ds), *recorded, *(self.seeds_override or [])]))
 
     def seeds_to_run(self, ds: Dataset) -> List[int]:
-        """The seeds whose commands this sitting runs: --seeds, or every seed the table reports."""
-        return list(self.seeds_override or self.seeds(ds))
+        """The seeds whose commands this sitting runs: --seeds, or the configured ones (a seed only the
+        record holds runs when --seeds names it: a row added later is not trained for every earlier seed)."""
+        return list(self.seeds_override or self.configured_seeds(ds))
 
     def column_seeds(self, ds: Dataset, col: Column) -> List[int]:
         """The seeds the column is measured on: the dataset's, or its first ``first_seeds`` of them."""

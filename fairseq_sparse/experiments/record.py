@@ -106,6 +106,13 @@ class Record:
             return replace(found, commands=commands)
         return found if found and found.commands == commands else None
 
+    def seeds(self) -> Dict[str, List[int]]:
+        """Per dataset id, the seeds the record holds cells of."""
+        found: Dict[str, set] = {}
+        for dataset, _, _, seed in self.cells:
+            found.setdefault(dataset, set()).add(seed)
+        return {dataset: sorted(seeds) for dataset, seeds in found.items()}
+
     def put(self, cell: Cell, recorded: Recorded) -> None:
         self.cells[cell] = recorded
 

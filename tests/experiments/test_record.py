@@ -34,6 +34,7 @@ def test_good_record(tmp_path):
     record = Record(tmp_path, "study")
     assert record.cells[("bible", "topk", "bleu", 1)].value == 31.25
     assert record.cells[("bible", "topk", "bleu", 2)].side_by_side is True
+    assert record.seeds() == {"bible": [1, 2]}
 
 
 def test_a_cell_recorded_twice_is_refused_naming_both_lines(tmp_path):

@@ -268,6 +268,12 @@ def test_seeds_chooses_what_a_sitting_runs_not_what_the_table_reports(configs, t
     assert third.seeds(ds) == [1, 2, 3] and third.seeds_to_run(ds) == [3]  # a seed beyond the table's is added
     every = tables.Plan(table, tmp_path, tmp_path / "data", None)
     assert every.seeds_to_run(ds) == every.seeds(ds) == [1, 2]
+    # a seed an earlier sitting ran with --seeds, kept in the record: reported and listed in commands.sh,
+    # but a sitting without --seeds runs the configured seeds only
+    every.recorded_seeds = {"iwslt14_de_en": [3, 1]}
+    assert every.seeds(ds) == [1, 2, 3] and every.seeds_to_run(ds) == [1, 2]
+    assert not any("(seed 3)" in s.label for s in every.steps())
+    assert "train a on iwslt14_de_en (seed 3)" in [s.label for s in every.steps(every_seed=True)]
 
 
 def test_a_heatmap_draws_the_tables_first_seed_and_each_table_keeps_its_own(configs, tmp_path):

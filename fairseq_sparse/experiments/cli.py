@@ -143,7 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rows = None if args.rows is None else [r.id for r in table.rows if r.id in args.rows]
             needed = steps_to_run(plan, steps, record, rows) if record or rows is not None else steps
             runs.append((plan, record, TableRun(plan, steps, needed, lambda plan=plan, record=record: report_so_far(plan, record),
-                                                listed=plan.steps(every_seed=True) if args.seeds else None)))
+                                                listed=plan.steps(every_seed=True))))
         if args.dry_run:
             for plan, _, run in runs:
                 dry_run(plan, run.steps)

@@ -24,7 +24,7 @@ of a page with it at the decimals the page quotes (tests/experiments/test_study_
   (``fairseq_sparse.analysis.oow_mass``), ``topk_mass/...`` the same of ``study_de_en_topk_mass.csv``;
 - ``oow_decodes/LABEL/COLUMN``: a row of ``study_documents_oow_decodes.csv`` (a kept Top-k (OOW) model
   decoded and validated as trained and with its picks removed);
-- ``floor/NAME/FIELD``: a noise floor of ``floors`` (``sd``, ``df``, ``t``, ``one``, ``mean2``, ``change``).
+- ``floor/NAME/FIELD``: a noise floor of ``floors`` (``sd``, ``df``, ``t``, ``one``, ``mean2``, ``mean3``, ``change``).
 
 ``python -m fairseq_sparse.experiments.study_numbers [RECORD]`` prints the floors.
 """
@@ -132,6 +132,11 @@ class Floor:
         return self.t * self.sd
 
     @property
+    def mean3(self) -> float:
+        """Line for the mean of three seeds' Δs: t·√(2/3)·sd."""
+        return self.t * math.sqrt(2 / 3) * self.sd
+
+    @property
     def change(self) -> float:
         """Line for the change of one-seed quantities between two experiments (two independent values): t·√2·sd."""
         return self.one
@@ -150,7 +155,7 @@ def floors(record: Path) -> Dict[str, Floor]:
     dbleu = per_row("study_documents", "dbleu", ("full", "topk_oow", "window"))
     doc_valid = per_row("study_documents", "valid_10", ("full", "topk_oow", "window"))
     # BLEU after a fixed 10 epochs (study_diagnosis's recipe, with and without attention + activation
-    # dropout): the rows trained with two seeds
+    # dropout): the rows trained with more than one seed
     bleu10 = per_row("study_diagnosis", "bleu", ("softmax_drop", "topk_drop", "softmax", "topk"))
     # a validation-loss gap after epoch 10 of the diagnosis recipe's learning rate and warm-up (the first
     # recipe's first 10 epochs), two seeds of each method: how much a gap itself moves with the seed
@@ -158,19 +163,21 @@ def floors(record: Path) -> Dict[str, Floor]:
     # one command trained three times (seed 1 of study_diagnosis's softmax): rerun noise after epoch 10
     reruns = [[valid_loss(record, "study_diagnosis", "softmax", 1, 10, run) for run in (1, 2, 3)]]
     # BLEU of a continuation (cpu_continue: 1,500 updates from a 10-epoch softmax run, last checkpoint):
-    # softmax_cont and hard_cont, two seeds each, each about its own mean; the two rows of one seed share
-    # their base, the two seeds do not
-    continued = per_row("study_diagnosis", "bleu", ("softmax_cont", "hard_cont"))
+    # softmax_cont and hard_cont (2+2 layers) and L0Drop's 6+2 pair at λ = 0.3 and 0, two seeds each, each
+    # about its own mean; the two rows of one seed share their base, the two seeds do not
+    continued = per_row("study_diagnosis", "bleu", ("softmax_cont", "hard_cont", "l0drop_e6_cont", "l0drop_e6_cont_lambda0"))
     # one pair's gap trained twice: study_diagnosis's softmax / top-k and study_de_en's first 10 epochs train
     # alike (same recipe, seed, data order; only the epoch cap and early stopping differ, which act later),
     # per seed; each seed's two gaps about their own mean
     gap_reruns = [[valid_gap(record, "study_diagnosis", "topk", seed, 10), valid_gap(record, "study_de_en", "topk", seed, 10)]
                   for seed in (1, 2)]
+    # one pair's gap over independent seeds: study_diagnosis's softmax / top-k, seeds 1-3, about their mean
+    gap_seeds = [[valid_gap(record, "study_diagnosis", "topk", seed, 10) for seed in (1, 2, 3)]]
     return {
         "bleu": Floor("BLEU of a softmax model, sentence level: its three seeds of the papers' recipe and two of the "
                       "first, each recipe about its own mean", *pooled_sd(bleu)),
-        "bleu10": Floor("BLEU of a model trained a fixed 10 epochs: two seeds each of study_diagnosis's softmax_drop, "
-                        "topk_drop, softmax and topk", *pooled_sd(bleu10)),
+        "bleu10": Floor("BLEU of a model trained a fixed 10 epochs: study_diagnosis's softmax_drop and topk_drop "
+                        "(two seeds each), softmax and topk (three each)", *pooled_sd(bleu10)),
         "dbleu": Floor("d-BLEU of a document model: two seeds each of full attention, Top-k (OOW) and window",
                        *pooled_sd(dbleu)),
         "doc_valid10": Floor("validation loss after epoch 10 of a document model: the same three pairs", *pooled_sd(doc_valid)),
@@ -178,11 +185,13 @@ def floors(record: Path) -> Dict[str, Floor]:
                        "each of top-k, hard retrieval, ReLA-g and 1.5-entmax in study_de_en", *pooled_sd(gap10)),
         "rerun10": Floor("validation loss after epoch 10 of one command trained three times (study_diagnosis's "
                          "softmax, seed 1)", *pooled_sd(reruns)),
-        "cont": Floor("BLEU of a continued model: two seeds each of study_diagnosis's softmax_cont and hard_cont",
-                      *pooled_sd(continued)),
+        "cont": Floor("BLEU of a continued model: two seeds each of study_diagnosis's softmax_cont, hard_cont, "
+                      "l0drop_e6_cont and l0drop_e6_cont_lambda0", *pooled_sd(continued)),
         "gap_rerun10": Floor("a validation-loss gap after epoch 10 when the pair is trained again: top-k's gap to "
                              "softmax in study_diagnosis and in study_de_en's first 10 epochs, seeds 1 and 2",
                              *pooled_sd(gap_reruns)),
+        "gap_seed10": Floor("a validation-loss gap after epoch 10 over seeds: top-k's gap to softmax in study_diagnosis, "
+                            "seeds 1-3", *pooled_sd(gap_seeds)),
     }
 
 

@@ -5,6 +5,7 @@ study README runs past 200 words."""
 
 import math
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -60,13 +61,21 @@ def test_the_floors_are_t_lines_of_the_committed_records():
     assert documents.df == 3 and documents.sd == pytest.approx(0.92, abs=0.005)
     assert documents.one == pytest.approx(4.15, abs=0.01) and documents.mean2 == pytest.approx(2.93, abs=0.01)
     assert floors["gap10"].df == 4 and floors["gap10"].t == pytest.approx(2.776)
-    # a paired continuation: two seeds each of softmax_cont and hard_cont, each row about its own mean
-    continued = [list(study_numbers.seed_values(RECORD, "study_diagnosis", row, "bleu").values()) for row in ("softmax_cont", "hard_cont")]
-    assert [len(g) for g in continued] == [2, 2] and floors["cont"].df == 2
-    assert floors["cont"].sd == pytest.approx(math.sqrt(sum((a - b) ** 2 / 2 for a, b in continued) / 2))
+    # 10-epoch BLEU: two seeds each of the dropout pair, three each of softmax and top-k
+    bleu10 = floors["bleu10"]
+    assert bleu10.df == 1 + 1 + 2 + 2 and bleu10.mean3 == pytest.approx(2.447 * math.sqrt(2 / 3) * bleu10.sd)
+    # a paired continuation: two seeds each of the 2+2 softmax / hard retrieval pair and of the 6+2 L0Drop
+    # pair, each row about its own mean
+    rows = ("softmax_cont", "hard_cont", "l0drop_e6_cont", "l0drop_e6_cont_lambda0")
+    continued = [list(study_numbers.seed_values(RECORD, "study_diagnosis", row, "bleu").values()) for row in rows]
+    assert [len(g) for g in continued] == [2, 2, 2, 2] and floors["cont"].df == 4
+    assert floors["cont"].sd == pytest.approx(math.sqrt(sum((a - b) ** 2 / 2 for a, b in continued) / 4))
     # the same pair trained twice per seed: a pair of runs per seed, 2 df
     rerun = floors["gap_rerun10"]
     assert rerun.df == 2 and rerun.change == pytest.approx(4.303 * math.sqrt(2) * rerun.sd)
+    # the pair's gap over three seeds of study_diagnosis: its sample standard deviation, 2 df
+    gaps = [study_numbers.valid_gap(RECORD, "study_diagnosis", "topk", seed, 10) for seed in (1, 2, 3)]
+    assert floors["gap_seed10"].df == 2 and floors["gap_seed10"].sd == pytest.approx(statistics.stdev(gaps))
 
 
 def paragraphs(text):

@@ -141,6 +141,11 @@ class Floor:
         """Line for the change of one-seed quantities between two experiments (two independent values): t·√2·sd."""
         return self.one
 
+    @property
+    def delta_change(self) -> float:
+        """Line for the difference of two one-seed Δs (each a run against its own control, four runs): t·2·sd."""
+        return self.t * 2 * self.sd
+
 
 def floors(record: Path) -> Dict[str, Floor]:
     """The study's noise floors, each measured from the committed records it names."""

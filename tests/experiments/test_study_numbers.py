@@ -70,6 +70,7 @@ def test_the_floors_are_t_lines_of_the_committed_records():
     continued = [list(study_numbers.seed_values(RECORD, "study_diagnosis", row, "bleu").values()) for row in rows]
     assert [len(g) for g in continued] == [2, 2, 2, 2] and floors["cont"].df == 4
     assert floors["cont"].sd == pytest.approx(math.sqrt(sum((a - b) ** 2 / 2 for a, b in continued) / 4))
+    assert floors["cont"].delta_change == pytest.approx(2.776 * 2 * floors["cont"].sd)
     # the same pair trained twice per seed: a pair of runs per seed, 2 df
     rerun = floors["gap_rerun10"]
     assert rerun.df == 2 and rerun.change == pytest.approx(4.303 * math.sqrt(2) * rerun.sd)
